@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from conftest import wait_until
-from proxy_helpers import ProxyCluster
+from proxy_helpers import ProxyCluster, install_filtering
 
 LOOP = "stripedb_proxy_loop_commands_total"
 FALLBACK = "stripedb_proxy_loop_command_fallbacks_total"
@@ -66,3 +66,31 @@ def listener_closed(port):
         return False
     except OSError:
         return True
+
+
+def sharded_cluster(start_role, tmp_path, key, filtering=True, test_cmds=False, colls=("s",)):
+    """Two shards and one proxy; fwdb.<name> for each name of colls sharded on key ({_id: 1}
+    split at 100, or {_id: "hashed"} in 4 chunks), with the shards' filtering metadata
+    when filtering; the shards with test commands (failCommand) when test_cmds."""
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1,
+                      shard_args=["--enable-test-commands"] if test_cmds else [])
+    for name in colls:
+        ns = f"fwdb.{name}"
+        hashed = key["_id"] == "hashed"
+        cl.shard_collection(ns, key, split_points=None if hashed else [{"_id": 100}],
+                            num_chunks=4 if hashed else None)
+        if filtering:
+            install_filtering(cl, ns, key)
+    return cl
+
+
+def warm_ids(coll, ids):
+    """Each shard's primary known to the proxy (a write there) and the routing cached; a
+    shard without filtering metadata refuses the loop's first read with StaleConfig
+    (vWanted null), which a request thread runs again per chunk, and is remembered
+    (src/proxy/shardver.c): each is read twice."""
+    for i in ids:
+        coll.update_one({"_id": i}, {"$set": {"warm": 1}})
+    for i in ids:
+        coll.find_one({"_id": i})
+        coll.find_one({"_id": i})

@@ -10,50 +10,27 @@ applied twice or lost."""
 import bson
 import pytest
 
-from forwarder_helpers import FALLBACK, LOOP, strip
-from proxy_helpers import ProxyCluster, install_filtering
+from forwarder_helpers import FALLBACK, LOOP, sharded_cluster, strip, warm_ids
 
 NS = "fwdb.s"
 ROUTED = "stripedb_proxy_routed_total"
-
-
-def _cluster(start_role, tmp_path, key, filtering):
-    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
-    split = None if key["_id"] == "hashed" else [{"_id": 100}]
-    cl.shard_collection(NS, key, split_points=split,
-                        num_chunks=4 if key["_id"] == "hashed" else None)
-    if filtering:
-        install_filtering(cl, NS, key)
-    return cl
 
 
 KEYS = [({"_id": 1}, True), ({"_id": 1}, False), ({"_id": "hashed"}, True)]
 IDS = ["id-key", "filtering"]
 
 
-def _warm(coll, ids):
-    """Each shard's primary known to the proxy (a write there) and the routing cached; a
-    shard without filtering metadata refuses the loop's first read with StaleConfig
-    (vWanted null), which a request thread runs again per chunk, and is remembered
-    (src/proxy/shardver.c): each is read twice."""
-    for i in ids:
-        coll.update_one({"_id": i}, {"$set": {"warm": 1}})
-    for i in ids:
-        coll.find_one({"_id": i})
-        coll.find_one({"_id": i})
-
-
 @pytest.mark.parametrize("key,filtering", KEYS)
 def test_sharded_point_reads_are_answered_by_the_loop_as_a_request_thread_answers(
         start_role, tmp_path, key, filtering):
-    cl = _cluster(start_role, tmp_path, key, filtering)
+    cl = sharded_cluster(start_role, tmp_path, key, filtering)
     try:
         db = cl.proxy_client(0).fwdb
         docs = [{"_id": i, "v": i, "sub": {"x": [i]}} for i in (1, 50, 99, 100, 150, 1000)]
         docs += [{"_id": "k", "v": "s"}, {"_id": 2.5, "v": 2.5},
                  {"_id": bson.Int64(200), "v": 200}, {"_id": bson.Decimal128("7.5"), "v": 7}]
         db.s.insert_many(docs)
-        _warm(db.s, [1, 150])
+        warm_ids(db.s, [1, 150])
         fallbacks = cl.metric(0, FALLBACK)
         assert fallbacks == (0 if filtering else 2)
         queries = []
@@ -94,19 +71,14 @@ def test_sharded_point_writes_are_answered_by_the_loop_as_a_request_thread_answe
         start_role, tmp_path, key, filtering, retry):
     """The same updates and deletes on two sharded collections, one through the loop and
     one (with `comment`) through a request thread: the same answers and documents."""
-    cl = _cluster(start_role, tmp_path, key, filtering)
+    cl = sharded_cluster(start_role, tmp_path, key, filtering, colls=("s", "t"))
     try:
         c = cl.proxy_client(0, retryWrites=retry)
         db = c.fwdb
-        cl.shard_collection("fwdb.t", key, split_points=None if key["_id"] == "hashed"
-                            else [{"_id": 100}],
-                            num_chunks=4 if key["_id"] == "hashed" else None)
-        if filtering:
-            install_filtering(cl, "fwdb.t", key)
         seed = [{"_id": i, "v": i, "a": [1]} for i in (1, 2, 3, 150, 151)] + [{"_id": "s"}]
         for name in ("s", "t"):
             db[name].insert_many(seed)
-            _warm(db[name], [1, 150])
+            warm_ids(db[name], [1, 150])
         fallbacks = cl.metric(0, FALLBACK)
         cmds = [
             _update(None, {"_id": 1}, {"$inc": {"v": 1}}),
@@ -157,7 +129,7 @@ def test_a_handed_on_read_is_routed_once(start_role, tmp_path):
     vWanted null): handed to a request thread, which answers it; the read counts once in
     stripedb_proxy_routed_total (the loop counts what it answers, the thread the rest),
     and the next read of that shard is the loop's, per chunk."""
-    cl = _cluster(start_role, tmp_path, {"_id": 1}, False)
+    cl = sharded_cluster(start_role, tmp_path, {"_id": 1}, False)
     try:
         coll = cl.proxy_client(0).fwdb.s
         coll.insert_many([{"_id": 1, "v": 1}, {"_id": 150, "v": 2}])

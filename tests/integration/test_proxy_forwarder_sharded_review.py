@@ -12,34 +12,10 @@ import pymongo
 import pytest
 
 from conftest import wait_until
-from forwarder_helpers import FALLBACK, LOOP, strip
+from forwarder_helpers import FALLBACK, LOOP, sharded_cluster, strip, warm_ids
 from migration_helpers import MigCluster
-from proxy_helpers import ProxyCluster, install_filtering
 
 NS = "fwdb.s"
-
-
-def _cluster(start_role, tmp_path, key, filtering=True, test_cmds=False, colls=("s",)):
-    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1,
-                      shard_args=["--enable-test-commands"] if test_cmds else [])
-    for name in colls:
-        ns = f"fwdb.{name}"
-        split = None if key["_id"] == "hashed" else [{"_id": 100}]
-        cl.shard_collection(ns, key, split_points=split,
-                            num_chunks=4 if key["_id"] == "hashed" else None)
-        if filtering:
-            install_filtering(cl, ns, key)
-    return cl
-
-
-def _warm(coll, ids):
-    """Each shard's primary known to the proxy and the routing cached (see
-    test_proxy_forwarder_sharded._warm)."""
-    for i in ids:
-        coll.update_one({"_id": i}, {"$set": {"warm": 1}})
-    for i in ids:
-        coll.find_one({"_id": i})
-        coll.find_one({"_id": i})
 
 
 def _fail_next(cl, sid, command, times=1, **data):
@@ -73,13 +49,13 @@ def _norm(r):
 @pytest.mark.parametrize("code", [11602, 189])
 def test_a_multi_delete_with_session_fields_is_refused_before_the_loop(
         start_role, tmp_path, code):
-    cl = _cluster(start_role, tmp_path, {"_id": 1}, test_cmds=True, colls=("s", "t"))
+    cl = sharded_cluster(start_role, tmp_path, {"_id": 1}, test_cmds=True, colls=("s", "t"))
     try:
         c = cl.proxy_client(0)
         db = c.fwdb
         for name in ("s", "t"):
             db[name].insert_many([{"_id": i} for i in (1, 2, 150)])
-            _warm(db[name], [1, 150])
+            warm_ids(db[name], [1, 150])
         sid = _shard_of(cl, NS, 2)
         sess = c.start_session()
         answers = []
@@ -150,12 +126,12 @@ def test_a_stale_proxy_hands_a_loop_write_and_read_to_a_request_thread(
     request thread, which follows the routing once metadata has it: applied once, on
     shard-b, and answered as applied; the loop's read then sees it."""
     key = {"_id": 1}
-    cl = _cluster(start_role, tmp_path, key, filtering=filtering)
+    cl = sharded_cluster(start_role, tmp_path, key, filtering=filtering)
     try:
         c = cl.proxy_client(0, retryWrites=retry)
         coll = c.fwdb.s
         coll.insert_many([{"_id": i, "v": 0} for i in (1, 5, 150)])
-        _warm(coll, [1, 150])
+        warm_ids(coll, [1, 150])
         chunk = [ch for ch in cl.routing(NS)["chunks"] if chunk_holds(ch, 5)][0]
         src = chunk["shard"]
         dst = [s for s in cl.shard_ids if s != src][0]
@@ -204,11 +180,11 @@ def test_a_stale_proxy_hands_a_loop_write_and_read_to_a_request_thread(
 def test_a_stale_proxy_loop_read_is_handed_on_and_answered_from_the_new_owner(
         start_role, tmp_path):
     key = {"_id": 1}
-    cl = _cluster(start_role, tmp_path, key)
+    cl = sharded_cluster(start_role, tmp_path, key)
     try:
         coll = cl.proxy_client(0).fwdb.s
         coll.insert_many([{"_id": i, "v": 0} for i in (1, 5, 150)])
-        _warm(coll, [1, 150])
+        warm_ids(coll, [1, 150])
         chunk = [ch for ch in cl.routing(NS)["chunks"] if chunk_holds(ch, 5)][0]
         src = chunk["shard"]
         dst = [s for s in cl.shard_ids if s != src][0]
@@ -246,7 +222,7 @@ VALUES = [1, 1.0, bson.Int64(1), bson.Decimal128("1"), bson.Decimal128("1.000"),
 @pytest.mark.parametrize("filtering", [True, False], ids=["filtering", "no-filtering"])
 @pytest.mark.parametrize("key", [{"_id": 1}, {"_id": "hashed"}], ids=["range", "hashed"])
 def test_many_id_types_loop_and_thread_agree(start_role, tmp_path, key, filtering):
-    cl = _cluster(start_role, tmp_path, key, filtering=filtering, colls=("s", "t"))
+    cl = sharded_cluster(start_role, tmp_path, key, filtering=filtering, colls=("s", "t"))
     try:
         db = cl.proxy_client(0).fwdb
         seen = []
@@ -261,7 +237,7 @@ def test_many_id_types_loop_and_thread_agree(start_role, tmp_path, key, filterin
             except pymongo.errors.DuplicateKeyError:
                 seen.append(v)
         for name in ("s", "t"):
-            _warm(db[name], [d["_id"] for d in docs])
+            warm_ids(db[name], [d["_id"] for d in docs])
         fb = cl.metric(0, FALLBACK)
         for v in VALUES:
             f = {"_id": v}
@@ -292,13 +268,13 @@ def test_many_id_types_loop_and_thread_agree(start_role, tmp_path, key, filterin
 @pytest.mark.parametrize("key", [{"_id": 1}, {"_id": "hashed"}], ids=["range", "hashed"])
 @pytest.mark.parametrize("retry", [True, False], ids=["retryable", "plain"])
 def test_loop_upserts_land_on_the_owning_shard(start_role, tmp_path, key, retry):
-    cl = _cluster(start_role, tmp_path, key, colls=("s", "t"))
+    cl = sharded_cluster(start_role, tmp_path, key, colls=("s", "t"))
     try:
         c = cl.proxy_client(0, retryWrites=retry)
         db = c.fwdb
         for name in ("s", "t"):
             db[name].insert_many([{"_id": i} for i in range(1, 9)] + [{"_id": 150}])
-            _warm(db[name], list(range(1, 9)) + [150])  # each shard's primary, hashed too
+            warm_ids(db[name], list(range(1, 9)) + [150])  # each shard's primary, hashed too
         vals = [bson.Int64(77), 99.5, bson.Decimal128("100"), 101, "up", -5,
                 bson.ObjectId("5f0000000000000000000002"), bson.Int64(2 ** 40),
                 bson.Timestamp(0, 0), bson.Timestamp(7, 7)]
@@ -452,13 +428,13 @@ def _cmp_ans(r):
 @pytest.mark.parametrize("retry", [True, False], ids=["retryable", "plain"])
 def test_shard_failures_are_answered_by_the_loop_as_by_a_request_thread(
         start_role, tmp_path, fail, retry):
-    cl = _cluster(start_role, tmp_path, {"_id": 1}, test_cmds=True, colls=("s", "t"))
+    cl = sharded_cluster(start_role, tmp_path, {"_id": 1}, test_cmds=True, colls=("s", "t"))
     try:
         c = cl.proxy_client(0)
         db = c.fwdb
         for name in ("s", "t"):
             db[name].insert_many([{"_id": i, "v": 0} for i in (1, 2, 3, 4, 150)])
-            _warm(db[name], [1, 150])
+            warm_ids(db[name], [1, 150])
         sid = _shard_of(cl, NS, 2)
         assert _shard_of(cl, "fwdb.t", 2) == sid
         sess = c.start_session()
@@ -477,7 +453,7 @@ def test_shard_failures_are_answered_by_the_loop_as_by_a_request_thread(
             for coll, extra in (("s", {}), ("t", {"comment": "thread"})):
                 # the shard's primary known again (a state change or a closed connection
                 # makes the proxy forget it; a request thread learns it again)
-                _warm(db[coll], [1, 150])
+                warm_ids(db[coll], [1, 150])
                 _fail_next(cl, sid, name, **fail)
                 cmd = dict({name: coll}, **body, **extra)
                 kw = {}
@@ -526,13 +502,13 @@ def _history_check(final, acked, failed):
 @pytest.mark.parametrize("retry", [True, False], ids=["retryable", "plain"])
 def test_loop_pushes_through_a_killed_and_a_paused_shard_are_applied_at_most_once(
         start_role, tmp_path, key, retry):
-    cl = _cluster(start_role, tmp_path, key)
+    cl = sharded_cluster(start_role, tmp_path, key)
     try:
         c = cl.proxy_client(0, retryWrites=retry, socketTimeoutMS=60000)
         coll = c.fwdb.s
         ids = list(range(1, 9)) + [150, 151, 152]
         coll.insert_many([{"_id": i, "a": []} for i in ids])
-        _warm(coll, ids)
+        warm_ids(coll, ids)
         acked, failed = [], []
         stop = threading.Event()
         lock = threading.Lock()
@@ -698,14 +674,14 @@ PAIRS = [(bson.Decimal128("1"), 1), (bson.Decimal128("2.5"), 2.5),
 def test_an_id_stored_as_one_type_and_asked_as_another(start_role, tmp_path, key, filtering):
     """The document's _id is stored as one numeric type and asked for as another that
     compares equal (or nearly): the loop answers what a request thread answers."""
-    cl = _cluster(start_role, tmp_path, key, filtering=filtering, colls=("s", "t"))
+    cl = sharded_cluster(start_role, tmp_path, key, filtering=filtering, colls=("s", "t"))
     try:
         db = cl.proxy_client(0).fwdb
         for name in ("s", "t"):
             # many chunks' worth of documents so that each shard's primary is known
             db[name].insert_many([{"_id": f"w{i}"} for i in range(16)])
             db[name].insert_many([{"_id": a, "stored": repr(a)} for a, _ in PAIRS])
-            _warm(db[name], [f"w{i}" for i in range(16)])
+            warm_ids(db[name], [f"w{i}" for i in range(16)])
         for a, b in PAIRS:
             before = cl.metric(0, LOOP) + cl.metric(0, FALLBACK)
             loop = strip(db.command({"find": "s", "filter": {"_id": b}}, check=False))
@@ -737,13 +713,13 @@ def test_the_proxy_stop_with_sharded_loop_commands_in_flight_exits_clean(start_r
     command holds a routing reference, forwarder.c fw_conn.rc)."""
     import signal
     from forwarder_helpers import IN_FLIGHT, listener_closed
-    cl = _cluster(start_role, tmp_path, {"_id": 1})
+    cl = sharded_cluster(start_role, tmp_path, {"_id": 1})
     try:
         plain = cl.proxy_client(0, retryWrites=False, retryReads=False).fwdb.s
         retry = cl.proxy_client(0, retryWrites=True, retryReads=False).fwdb.s
         plain.insert_many([{"_id": i, "v": 0} for i in (1, 2, 3, 150)])
-        _warm(plain, [1, 150])
-        _warm(retry, [1, 150])
+        warm_ids(plain, [1, 150])
+        warm_ids(retry, [1, 150])
         sid = _shard_of(cl, NS, 1)
         # several of the proxy's own connections to the shard, idle for the loop to take
         # (request threads running at once open them)
@@ -799,14 +775,14 @@ WCS = [{"w": 0}, {"w": 1}, {"w": "majority"}, {"w": 1, "j": True}, {"w": 2, "wti
 @pytest.mark.parametrize("retry", [True, False], ids=["retryable", "plain"])
 def test_write_concerns_of_loop_writes_are_answered_as_by_a_request_thread(
         start_role, tmp_path, retry):
-    cl = _cluster(start_role, tmp_path, {"_id": "hashed"}, colls=("s", "t"))
+    cl = sharded_cluster(start_role, tmp_path, {"_id": "hashed"}, colls=("s", "t"))
     try:
         c = cl.proxy_client(0)
         db = c.fwdb
         ids = list(range(1, 17))
         for name in ("s", "t"):
             db[name].insert_many([{"_id": i, "v": 0} for i in ids])
-            _warm(db[name], ids)
+            warm_ids(db[name], ids)
         sessions = {}
         txn = 0
         for k, wc in enumerate(WCS):
@@ -880,12 +856,12 @@ def test_a_statement_with_a_field_twice_is_refused(start_role, tmp_path, kind, f
     if (kind == "update" and field == "limit") or (kind == "delete" and field in
                                                    ("u", "upsert", "multi")):
         pytest.skip("not a field of that statement")
-    cl = _cluster(start_role, tmp_path, {"_id": 1}, colls=("s", "t"))
+    cl = sharded_cluster(start_role, tmp_path, {"_id": 1}, colls=("s", "t"))
     try:
         db = cl.proxy_client(0).fwdb
         for name in ("s", "t"):
             db[name].insert_many([{"_id": 1, "v": 0}, {"_id": 150, "v": 0}])
-            _warm(db[name], [1, 150])
+            warm_ids(db[name], [1, 150])
         port = cl.proxy_ports[0]
         twice = {"q": [{"_id": 1}, {"_id": 150}], "u": [{"$set": {"hit": 1}}, {"x": 2}],
                  "upsert": [False, True], "limit": [1, 0], "multi": [False, True]}
