@@ -1136,32 +1136,53 @@ static bool key_seen(key_set *set, const char *k, uint32_t len)
  * _id in the cluster). */
 static const char *stmt_dup(bson_iter_t *arr)
 {
-	key_set set;
+	enum { FEW = 16 }; /* a statement's keys compared pairwise up to this many */
+	struct {
+		const char *k;
+		uint32_t len;
+	} seen[FEW];
 	bson_iter_t st;
-	const char *dup = NULL;
 
-	set.slots = set.local;
-	set.n = 1; /* reset before the first statement */
-	while (dup == NULL && bson_iter_next(arr)) {
+	while (bson_iter_next(arr)) {
+		uint32_t n = 0;
+
 		if (!BSON_ITER_HOLDS_DOCUMENT(arr) || !bson_iter_recurse(arr, &st))
 			continue; /* the command's own checks answer a statement of another type */
-		if (set.n > 0) { /* a fresh set for each statement */
-			if (set.slots != set.local)
-				bson_free(set.slots);
-			memset(set.local, 0, sizeof set.local);
-			set.slots = set.local;
-			set.cap = sizeof set.local / sizeof set.local[0];
-			set.n = 0;
-		}
-		while (bson_iter_next(&st))
-			if (key_seen(&set, bson_iter_key(&st), bson_iter_key_len(&st))) {
-				dup = bson_iter_key(&st);
+		/* a statement has a handful of fields (q, u, upsert, multi, ...): pairwise
+		 * compares, no hashing, until there are more than FEW */
+		while (bson_iter_next(&st)) {
+			const char *k = bson_iter_key(&st);
+			uint32_t len = bson_iter_key_len(&st);
+
+			for (uint32_t i = 0; i < n; i++)
+				if (seen[i].len == len && memcmp(seen[i].k, k, len) == 0)
+					return k;
+			if (n == FEW)
 				break;
-			}
+			seen[n].k = k;
+			seen[n++].len = len;
+		}
+		if (n < FEW)
+			continue;
+		/* a statement of more than FEW fields (refused later by its parser anyway, but
+		 * never a repeat accepted here): a hash set over all of them */
+		key_set set;
+		const char *dup = NULL;
+
+		memset(set.local, 0, sizeof set.local);
+		set.slots = set.local;
+		set.cap = sizeof set.local / sizeof set.local[0];
+		set.n = 0;
+		(void)bson_iter_recurse(arr, &st);
+		while (dup == NULL && bson_iter_next(&st))
+			if (key_seen(&set, bson_iter_key(&st), bson_iter_key_len(&st)))
+				dup = bson_iter_key(&st);
+		if (set.slots != set.local)
+			bson_free(set.slots);
+		if (dup)
+			return dup;
 	}
-	if (set.slots != set.local)
-		bson_free(set.slots);
-	return dup;
+	return NULL;
 }
 
 int sdb_cmd_fields_check(const char *name, const bson_t *cmd, char *err, size_t errlen)

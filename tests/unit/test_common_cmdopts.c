@@ -370,6 +370,31 @@ static void test_duplicate_fields(void **state)
 		       BCON_INT32(1), "limit", BCON_INT32(0), "}", "]");
 	expect_fields(cmd, 40413, "BSON field 'delete.deletes.limit' is a duplicate field");
 	bson_destroy(cmd);
+	/* a statement of more fields than the pairwise compare takes (16): the repeat after
+	 * them is found by the hash set, and 20 distinct fields are not a repeat */
+	{
+		bson_t *many = bson_new(), stmts, st;
+		char k[8];
+
+		BSON_APPEND_UTF8(many, "update", "c");
+		BSON_APPEND_ARRAY_BEGIN(many, "updates", &stmts);
+		BSON_APPEND_DOCUMENT_BEGIN(&stmts, "0", &st);
+		for (int i = 0; i < 20; i++) {
+			snprintf(k, sizeof k, "f%d", i);
+			BSON_APPEND_INT32(&st, k, i);
+		}
+		bson_append_document_end(&stmts, &st);
+		BSON_APPEND_DOCUMENT_BEGIN(&stmts, "1", &st);
+		for (int i = 0; i < 20; i++) {
+			snprintf(k, sizeof k, "f%d", i);
+			BSON_APPEND_INT32(&st, k, i);
+		}
+		BSON_APPEND_INT32(&st, "f17", 0);
+		bson_append_document_end(&stmts, &st);
+		bson_append_array_end(many, &stmts);
+		expect_fields(many, 40413, "BSON field 'update.updates.f17' is a duplicate field");
+		bson_destroy(many);
+	}
 	/* each statement is a set of its own; what is inside q or u is not a statement field;
 	 * a statement that is not a document is left to the command's checks */
 	cmd = BCON_NEW("update", BCON_UTF8("c"), "updates", "[", "{", "q", "{", "a", BCON_INT32(1),
