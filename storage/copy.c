@@ -89,6 +89,7 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 {
 	sqlite3 *src = NULL;
 	sqlite3_backup *bk;
+	char *conv = NULL; /* the copy rewritten at this store's page size, if it differed */
 	int rc = SDB_EIO;
 	int64_t gen_before = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
 	int64_t keyenc = 0;
@@ -120,6 +121,43 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 				      "replace: %s is not a stripedb shard store of format %d", path,
 				      STORE_FORMAT);
 			goto out;
+		}
+	}
+	{
+		/* A copy of a store of another page size (a store keeps the size it was made
+		 * with: 4 KiB before 8 KiB pages, store.c conn_pragmas): SQLite's backup into a
+		 * WAL database refuses a source of another page size (SQLITE_READONLY, "attempt
+		 * to write a readonly database"), so a member with an 8 KiB store could not
+		 * install a snapshot from a 4 KiB one, nor the reverse. Rewrite the copy at this
+		 * store's page size beside it first (VACUUM INTO; the copy itself is left as it
+		 * is), and install that. */
+		int64_t dst_pg = store_query_int(c, "PRAGMA page_size", 0);
+		int64_t src_pg = 0;
+		sqlite3_stmt *s = NULL;
+		if (sqlite3_prepare_v2(src, "PRAGMA page_size", -1, &s, NULL) == SQLITE_OK &&
+		    sqlite3_step(s) == SQLITE_ROW)
+			src_pg = sqlite3_column_int64(s, 0);
+		sqlite3_finalize(s);
+		if (dst_pg > 0 && src_pg > 0 && dst_pg != src_pg) {
+			conv = sdb_asprintf("%s.pagesize", path);
+			unlink(conv);
+			char *sql = sqlite3_mprintf("PRAGMA page_size=%lld; VACUUM INTO %Q",
+						    (long long)dst_pg, conv);
+			int vrc = sql ? sqlite3_exec(src, sql, NULL, NULL, NULL) : SQLITE_NOMEM;
+			sqlite3_free(sql);
+			if (vrc != SQLITE_OK) {
+				rc = sdb_errf(err, errlen, SDB_EIO,
+					      "replace: rewriting %s with pages of %lld bytes: %s",
+					      path, (long long)dst_pg, sqlite3_errmsg(src));
+				goto out;
+			}
+			sqlite3_close(src);
+			src = NULL;
+			if (sqlite3_open_v2(conv, &src, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+				rc = sdb_errf(err, errlen, SDB_EIO, "replace: open %s: %s", conv,
+					      src ? sqlite3_errmsg(src) : "out of memory");
+				goto out;
+			}
 		}
 	}
 	pthread_mutex_lock(&c->st->write_mu);
@@ -182,5 +220,9 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 		rc = store_partial_rebuild(c->st, err, errlen);
 out:
 	sqlite3_close(src);
+	if (conv) {
+		unlink(conv);
+		free(conv);
+	}
 	return rc;
 }
