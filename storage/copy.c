@@ -24,11 +24,17 @@
 
 /* ------------------------------------------------------------------ whole-database copies */
 
-int sdb_store_copy_to(sdb_store_conn *c, const char *path, uint64_t *applied, char *err,
-		      size_t errlen)
+int sdb_store_page_size(sdb_store_conn *c)
+{
+	return (int)store_query_int(c, "PRAGMA page_size", 0);
+}
+
+int sdb_store_copy_to(sdb_store_conn *c, const char *path, int page_size, uint64_t *applied,
+		      char *err, size_t errlen)
 {
 	sqlite3 *dst = NULL;
 	sqlite3_backup *bk;
+	char *conv = NULL;
 	int rc = SDB_EIO;
 
 	unlink(path);
@@ -72,6 +78,39 @@ int sdb_store_copy_to(sdb_store_conn *c, const char *path, uint64_t *applied, ch
 		rc = sdb_errf(err, errlen, SDB_EIO, "copy: %s", sqlite3_errmsg(dst));
 		goto out;
 	}
+	/* A copy of another page size than the store's, for a receiver that cannot install
+	 * one (a release of before 8 KiB pages, whose backup into its WAL store fails on a
+	 * size other than its own): rewritten beside path (VACUUM INTO, no temporary
+	 * database) and renamed over it. */
+	if (page_size > 0) {
+		int have = 0;
+		sqlite3_stmt *s = NULL;
+		if (sqlite3_prepare_v2(dst, "PRAGMA page_size", -1, &s, NULL) == SQLITE_OK &&
+		    sqlite3_step(s) == SQLITE_ROW)
+			have = sqlite3_column_int(s, 0);
+		sqlite3_finalize(s);
+		if (have != page_size) {
+			conv = sdb_asprintf("%s.pagesize", path);
+			unlink(conv);
+			char *sql = sqlite3_mprintf("PRAGMA page_size=%d; VACUUM INTO %Q", page_size,
+						    conv);
+			int vrc = sql ? sqlite3_exec(dst, sql, NULL, NULL, NULL) : SQLITE_NOMEM;
+			sqlite3_free(sql);
+			if (vrc != SQLITE_OK) {
+				rc = sdb_errf(err, errlen, SDB_EIO,
+					      "copy: rewriting with pages of %d bytes: %s", page_size,
+					      sqlite3_errmsg(dst));
+				goto out;
+			}
+			sqlite3_close(dst);
+			dst = NULL;
+			if (rename(conv, path) != 0) {
+				rc = sdb_errf(err, errlen, SDB_EIO, "copy: rename %s: %s", conv,
+					      strerror(errno));
+				goto out;
+			}
+		}
+	}
 	rc = 0;
 out:
 	if (sqlite3_exec(c->db, "PRAGMA mmap_size=" STORE_MMAP_SIZE, NULL, NULL, NULL) !=
@@ -79,6 +118,10 @@ out:
 		sdb_warn("copy: the memory map was not restored (reads go through the page cache)",
 			 "err=\"%s\"", sqlite3_errmsg(c->db));
 	sqlite3_close(dst);
+	if (conv) {
+		unlink(conv);
+		free(conv);
+	}
 	if (rc)
 		unlink(path);
 	return rc;

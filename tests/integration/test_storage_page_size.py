@@ -277,3 +277,42 @@ def test_data_dir_of_the_old_binary_upgrades(start_role, tmp_path):
     p.restart().wait_healthy()
     check(port, want)
     assert page_size(db) == 4096
+
+
+@pytest.mark.skipif(not OLD_BIN or not os.access(OLD_BIN or "", os.X_OK),
+                    reason="STRIPEDB_OLD_BIN (a binary of before 8 KiB pages) not set")
+@pytest.mark.parametrize("old_side", ["set", "joiner"])
+def test_mixed_binaries_add_member_by_snapshot(start_role, tmp_path, monkeypatch, old_side):
+    """Mixed binaries, snapshots by log compaction. "set": a set of the old binary (4 KiB
+    stores) gets a member of this one, whose new 8 KiB store installs the old leader's 4 KiB
+    copy (converted on receipt, storage/copy.c sdb_store_replace_from). "joiner": a set of
+    this binary (new 8 KiB stores) gets a member of the old binary (a 4 KiB store), which
+    cannot install a copy of another page size: it sends no pageSize, so the sender
+    rewrites the copy at 4 KiB (src/shard/snapfile.c, sdb_store_copy_to)."""
+    import conftest
+    if old_side == "set":
+        monkeypatch.setattr(conftest, "BIN", OLD_BIN)
+    procs, wires, uri = start_set(start_role, tmp_path, extra=["--raft-snapshot-threshold=32"])
+    acked = []
+    with pymongo.MongoClient(uri, retryWrites=False, serverSelectionTimeoutMS=10000) as c:
+        c.app.c.create_index("a")
+        for i in range(200):
+            c.app.c.insert_one({"_id": i, "a": i % 10, "s": "p" * 3000})
+            acked.append(i)
+    if old_side == "set":
+        monkeypatch.undo()
+    else:
+        monkeypatch.setattr(conftest, "BIN", OLD_BIN)
+    p4, w4 = _add_and_catch_up(start_role, tmp_path, wires, uri, joiner_4k=False)
+    assert "installed a snapshot from another member" in open(p4.log_path).read()
+    acked += write_acked(uri, range(200, 260))
+    wait_until(lambda: status(w4)["applied"] >= status(wires[primary_index(wires)])["applied"],
+               30, interval=0.1, what="the new member applied the writes after the add")
+    with pymongo.MongoClient(f"mongodb://127.0.0.1:{w4}/?directConnection=true",
+                             readPreference="secondaryPreferred") as c:
+        assert sorted(d["_id"] for d in c.app.c.find({}, {"_id": 1})) == sorted(acked)
+    for i in (1, 2, 3):
+        assert page_size(str(tmp_path / f"m{i}" / "shard.db")) == \
+            (4096 if old_side == "set" else 8192)
+    assert page_size(str(tmp_path / "m4" / "shard.db")) == \
+        (8192 if old_side == "set" else 4096)

@@ -493,14 +493,19 @@ static void test_snapshot_install_across_page_sizes(void **state)
 		commit(src);
 		uint64_t applied = 0;
 		snprintf(copy, sizeof copy, "%s/copy.db", src->dir);
-		assert_int_equal(sdb_store_copy_to(src->c, copy, &applied, src->err, sizeof src->err),
+		/* 8 KiB to 4 KiB: the sender rewrites the copy at the size asked for (a receiver
+		 * of before 8 KiB pages installs no other); 4 KiB to 8 KiB: the receiver does */
+		assert_int_equal(sdb_store_copy_to(src->c, copy, dir == 0 ? 0 : 4096, &applied,
+						   src->err, sizeof src->err),
 				 0);
-		assert_int_equal(file_page_size(copy), dir == 0 ? 4096 : STORE_PAGE_BYTES);
+		assert_int_equal(file_page_size(copy), 4096);
+		assert_int_equal(sdb_store_page_size(src->c), dir == 0 ? 4096 : STORE_PAGE_BYTES);
+		assert_int_equal(sdb_store_page_size(dst->c), dir == 0 ? STORE_PAGE_BYTES : 4096);
 		assert_int_equal(sdb_store_replace_from(dst->c, copy, &applied, dst->err,
 							sizeof dst->err),
 				 0);
 		/* the copy is left as it was, and nothing beside it */
-		assert_int_equal(file_page_size(copy), dir == 0 ? 4096 : STORE_PAGE_BYTES);
+		assert_int_equal(file_page_size(copy), 4096);
 		char conv[320];
 		snprintf(conv, sizeof conv, "%s.pagesize", copy);
 		assert_int_equal(access(conv, F_OK), -1);
