@@ -217,6 +217,9 @@ def test_member_added_installs_a_snapshot_of_another_page_size(start_role, tmp_p
         for i in range(200):
             c.app.c.insert_one({"_id": i, "a": i % 10, "s": "p" * 3000})
             acked.append(i)
+        # a document near the 16 MB limit: a long overflow chain in either page size
+        c.app.c.insert_one({"_id": 10 ** 6, "a": -1, "s": "B" * (16 * 1024 * 1024 - 200)})
+        acked.append(10 ** 6)
     p4, w4 = _add_and_catch_up(start_role, tmp_path, wires, uri, joiner_4k)
     assert "installed a snapshot from another member" in open(p4.log_path).read()
     acked += write_acked(uri, range(200, 260))
@@ -227,6 +230,8 @@ def test_member_added_installs_a_snapshot_of_another_page_size(start_role, tmp_p
         assert sorted(d["_id"] for d in c.app.c.find({}, {"_id": 1})) == sorted(acked)
         assert sorted(d["_id"] for d in c.app.c.find({"a": 3}).hint("a_1")) == \
             [i for i in range(200) if i % 10 == 3]
+        big = c.app.c.find_one({"_id": 10 ** 6})
+        assert big["s"] == "B" * (16 * 1024 * 1024 - 200)
     # each store kept the size it was made with
     for i in (1, 2, 3):
         assert page_size(str(tmp_path / f"m{i}" / "shard.db")) == (4096 if set_4k else 8192)
@@ -239,7 +244,8 @@ def test_member_added_installs_a_snapshot_of_another_page_size(start_role, tmp_p
 @pytest.mark.skipif(not OLD_BIN or not os.access(OLD_BIN or "", os.X_OK),
                     reason="STRIPEDB_OLD_BIN (a binary of before 8 KiB pages) not set")
 def test_data_dir_of_the_old_binary_upgrades(start_role, tmp_path):
-    """A data directory made and filled by the old binary, then opened by this one."""
+    """A data directory made and filled by the old binary, which is then killed (SIGKILL),
+    opened by this one: everything acknowledged is there, indexes answer, it stays 4 KiB."""
     import subprocess
     data = str(tmp_path / "shard")
     os.makedirs(data)
@@ -261,7 +267,9 @@ def test_data_dir_of_the_old_binary_upgrades(start_role, tmp_path):
         wait_until(up, 30, interval=0.1, what="the old binary's shard answers")
         want = exercise(port, n_small=2000, big_mb=8)
     finally:
-        old.send_signal(signal.SIGTERM)
+        # SIGKILL: what the old binary acknowledged may be only in its WAL (4 KiB frames),
+        # which this binary must recover
+        old.send_signal(signal.SIGKILL)
         old.wait(timeout=30)
         log.close()
     db = os.path.join(data, "shard.db")
