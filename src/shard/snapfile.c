@@ -112,6 +112,12 @@ void shard_cmd_snapshot_file(shard_ctx *x)
 			free(path);
 			goto out;
 		}
+		if (page_size & (page_size - 1)) {
+			free(path);
+			shard_fail(x, WIRE_ERR_BAD_VALUE,
+				   "stripedbSnapshotFile pageSize must be a power of two");
+			goto out;
+		}
 		int rc = sdb_store_copy_to(x->conn, path, (int)page_size, &applied, x->err,
 					   sizeof x->err);
 		if (rc || stat(path, &st) != 0) {

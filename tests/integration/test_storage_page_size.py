@@ -324,3 +324,43 @@ def test_mixed_binaries_add_member_by_snapshot(start_role, tmp_path, monkeypatch
             (4096 if old_side == "set" else 8192)
     assert page_size(str(tmp_path / "m4" / "shard.db")) == \
         (8192 if old_side == "set" else 4096)
+
+
+def _snapshot_copy(port, dest, **open_args):
+    """A copy of the shard's store through stripedbSnapshotFile, as a receiver gets it."""
+    with client(port) as c:
+        r = c.admin.command({"stripedbSnapshotFile": "open", **open_args})
+        got = 0
+        with open(dest, "wb") as f:
+            while got < r["size"]:
+                chunk = c.admin.command({"stripedbSnapshotFile": "read", "id": r["id"],
+                                         "offset": got, "length": 8 << 20})
+                assert len(chunk["data"]) > 0
+                f.write(chunk["data"])
+                got += len(chunk["data"])
+        c.admin.command({"stripedbSnapshotFile": "close", "id": r["id"]})
+    return dest
+
+
+def test_snapshot_copy_at_the_page_size_the_receiver_asks(shard, tmp_path):
+    """A receiver of before 8 KiB pages sends no pageSize and installs only its own size
+    (4 KiB): the copy of a new store comes at 4 KiB; one asking for a size gets it."""
+    p, port = shard
+    with client(port) as c:
+        c.app.c.insert_many([{"_id": i, "s": "r" * 3000} for i in range(500)])
+    for args, want in (({}, 4096), ({"pageSize": 8192}, 8192), ({"pageSize": 4096}, 4096),
+                       ({"pageSize": 16384}, 16384)):
+        dest = _snapshot_copy(port, str(tmp_path / f"copy-{want}-{len(args)}.db"), **args)
+        assert page_size(dest) == want, args
+        db = sqlite3.connect(f"file:{dest}?mode=ro", uri=True)
+        try:
+            assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+            assert db.execute("SELECT v FROM meta WHERE k='format'").fetchone()[0] == 2
+        finally:
+            db.close()
+    with client(port) as c:
+        with pytest.raises(pymongo.errors.OperationFailure):
+            c.admin.command({"stripedbSnapshotFile": "open", "pageSize": 3000})
+    # nothing left behind on the sending side
+    snaps = tmp_path / "shard" / "snapshots"
+    assert not snaps.exists() or os.listdir(snaps) == []
