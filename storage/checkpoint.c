@@ -60,6 +60,9 @@ struct store_ckpt {
 	pthread_mutex_t mu;
 	pthread_cond_t cond; /* wakes the thread */
 	pthread_cond_t done; /* a copy ended (running became false) */
+	int page;            /* the store's page size (4 KiB for a store made before 8 KiB) */
+	/* the thresholds of store_int.h in frames of this store's page size (same bytes) */
+	int frames, frames_behind, frames_max, tail;
 	/* under mu */
 	bool wanted;     /* a hook asked the thread for a checkpoint */
 	bool running;    /* the thread is in a checkpoint */
@@ -176,7 +179,7 @@ static int ckpt_hook(void *arg, sqlite3 *db, const char *name, int nframes)
 	store_ckpt *k = arg;
 	bool run_here = false;
 
-	if (nframes < STORE_CKPT_FRAMES)
+	if (nframes < k->frames)
 		return SQLITE_OK;
 	uint64_t g = wal_generation(db);
 	pthread_mutex_lock(&k->mu);
@@ -192,18 +195,18 @@ static int ckpt_hook(void *arg, sqlite3 *db, const char *name, int nframes)
 		int behind = nframes - k->backfilled;
 		/* a bigger tail once the WAL is big: a copy beside steady writes always left
 		 * more than STORE_CKPT_TAIL behind, and the WAL never restarted */
-		int tail = nframes >= STORE_CKPT_FRAMES_BEHIND ? STORE_CKPT_FRAMES : STORE_CKPT_TAIL;
+		int tail = nframes >= k->frames_behind ? k->frames : k->tail;
 		if (!k->blocked && k->backfilled > 0 && behind >= 0 && behind <= tail)
 			run_here = true; /* the tail: complete it so the next write restarts */
-		else if (!k->blocked && nframes >= STORE_CKPT_FRAMES_MAX)
+		else if (!k->blocked && nframes >= k->frames_max)
 			run_here = true; /* overload: the disk cannot copy as fast as commits write */
-		else if (behind >= STORE_CKPT_FRAMES / 2 &&
-			 (!k->blocked || nframes - k->woken_at >= STORE_CKPT_FRAMES / 2)) {
+		else if (behind >= k->frames / 2 &&
+			 (!k->blocked || nframes - k->woken_at >= k->frames / 2)) {
 			k->wanted = true;
 			k->woken_at = nframes;
 			pthread_cond_signal(&k->cond);
 		}
-	} else if (!k->blocked && nframes - k->woken_at >= STORE_CKPT_FRAMES_BEHIND) {
+	} else if (!k->blocked && nframes - k->woken_at >= k->frames_behind) {
 		/* the WAL grew this much while the thread copies: writes outpace the copy, so
 		 * wait for it (back-pressure, which bounds the WAL as SQLite's automatic
 		 * checkpoint did); the next commit wakes the thread for the rest */
@@ -229,6 +232,18 @@ static int ckpt_hook(void *arg, sqlite3 *db, const char *name, int nframes)
 	return SQLITE_OK;
 }
 
+/* n frames of STORE_PAGE_BYTES in frames of page bytes (at least 1) */
+static int ckpt_scale(int page, int n)
+{
+	int64_t f = (int64_t)n * STORE_PAGE_BYTES / page;
+	return f < 1 ? 1 : (int)f;
+}
+
+int store_ckpt_frames(const sdb_store *st, int n)
+{
+	return st->ckpt ? ckpt_scale(st->ckpt->page, n) : n;
+}
+
 int store_ckpt_start(sdb_store *st, int (*pragmas)(sdb_store *, sqlite3 *, char *, size_t),
 		     char *err, size_t errlen)
 {
@@ -251,6 +266,20 @@ int store_ckpt_start(sdb_store *st, int (*pragmas)(sdb_store *, sqlite3 *, char 
 		return rc;
 	}
 	sqlite3_wal_hook(k->db, NULL, NULL); /* it commits nothing */
+	{
+		/* the store's page size: a store made before 8 KiB pages keeps 4 KiB, and its
+		 * thresholds count twice the frames (the bytes measured, store_int.h) */
+		sqlite3_stmt *s = NULL;
+		k->page = STORE_PAGE_BYTES;
+		if (sqlite3_prepare_v2(k->db, "PRAGMA page_size", -1, &s, NULL) == SQLITE_OK &&
+		    sqlite3_step(s) == SQLITE_ROW && sqlite3_column_int(s, 0) >= 512)
+			k->page = sqlite3_column_int(s, 0);
+		sqlite3_finalize(s);
+		k->frames = ckpt_scale(k->page, STORE_CKPT_FRAMES);
+		k->frames_behind = ckpt_scale(k->page, STORE_CKPT_FRAMES_BEHIND);
+		k->frames_max = ckpt_scale(k->page, STORE_CKPT_FRAMES_MAX);
+		k->tail = ckpt_scale(k->page, STORE_CKPT_TAIL);
+	}
 	pthread_mutex_init(&k->mu, NULL);
 	pthread_cond_init(&k->cond, NULL);
 	pthread_cond_init(&k->done, NULL);

@@ -24,11 +24,17 @@
 
 /* ------------------------------------------------------------------ whole-database copies */
 
-int sdb_store_copy_to(sdb_store_conn *c, const char *path, uint64_t *applied, char *err,
-		      size_t errlen)
+int sdb_store_page_size(sdb_store_conn *c)
+{
+	return (int)store_query_int(c, "PRAGMA page_size", 0);
+}
+
+int sdb_store_copy_to(sdb_store_conn *c, const char *path, int page_size, uint64_t *applied,
+		      char *err, size_t errlen)
 {
 	sqlite3 *dst = NULL;
 	sqlite3_backup *bk;
+	char *conv = NULL;
 	int rc = SDB_EIO;
 
 	unlink(path);
@@ -72,6 +78,39 @@ int sdb_store_copy_to(sdb_store_conn *c, const char *path, uint64_t *applied, ch
 		rc = sdb_errf(err, errlen, SDB_EIO, "copy: %s", sqlite3_errmsg(dst));
 		goto out;
 	}
+	/* A copy of another page size than the store's, for a receiver that cannot install
+	 * one (a release of before 8 KiB pages, whose backup into its WAL store fails on a
+	 * size other than its own): rewritten beside path (VACUUM INTO, no temporary
+	 * database) and renamed over it. */
+	if (page_size > 0) {
+		int have = 0;
+		sqlite3_stmt *s = NULL;
+		if (sqlite3_prepare_v2(dst, "PRAGMA page_size", -1, &s, NULL) == SQLITE_OK &&
+		    sqlite3_step(s) == SQLITE_ROW)
+			have = sqlite3_column_int(s, 0);
+		sqlite3_finalize(s);
+		if (have != page_size) {
+			conv = sdb_asprintf("%s.pagesize", path);
+			unlink(conv);
+			char *sql = sqlite3_mprintf("PRAGMA page_size=%d; VACUUM INTO %Q", page_size,
+						    conv);
+			int vrc = sql ? sqlite3_exec(dst, sql, NULL, NULL, NULL) : SQLITE_NOMEM;
+			sqlite3_free(sql);
+			if (vrc != SQLITE_OK) {
+				rc = sdb_errf(err, errlen, SDB_EIO,
+					      "copy: rewriting with pages of %d bytes: %s", page_size,
+					      sqlite3_errmsg(dst));
+				goto out;
+			}
+			sqlite3_close(dst);
+			dst = NULL;
+			if (rename(conv, path) != 0) {
+				rc = sdb_errf(err, errlen, SDB_EIO, "copy: rename %s: %s", conv,
+					      strerror(errno));
+				goto out;
+			}
+		}
+	}
 	rc = 0;
 out:
 	if (sqlite3_exec(c->db, "PRAGMA mmap_size=" STORE_MMAP_SIZE, NULL, NULL, NULL) !=
@@ -79,6 +118,10 @@ out:
 		sdb_warn("copy: the memory map was not restored (reads go through the page cache)",
 			 "err=\"%s\"", sqlite3_errmsg(c->db));
 	sqlite3_close(dst);
+	if (conv) {
+		unlink(conv);
+		free(conv);
+	}
 	if (rc)
 		unlink(path);
 	return rc;
@@ -89,6 +132,7 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 {
 	sqlite3 *src = NULL;
 	sqlite3_backup *bk;
+	char *conv = NULL; /* the copy rewritten at this store's page size, if it differed */
 	int rc = SDB_EIO;
 	int64_t gen_before = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
 	int64_t keyenc = 0;
@@ -120,6 +164,43 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 				      "replace: %s is not a stripedb shard store of format %d", path,
 				      STORE_FORMAT);
 			goto out;
+		}
+	}
+	{
+		/* A copy of a store of another page size (a store keeps the size it was made
+		 * with: 4 KiB before 8 KiB pages, store.c conn_pragmas): SQLite's backup into a
+		 * WAL database refuses a source of another page size (SQLITE_READONLY, "attempt
+		 * to write a readonly database"), so a member with an 8 KiB store could not
+		 * install a snapshot from a 4 KiB one, nor the reverse. Rewrite the copy at this
+		 * store's page size beside it first (VACUUM INTO; the copy itself is left as it
+		 * is), and install that. */
+		int64_t dst_pg = store_query_int(c, "PRAGMA page_size", 0);
+		int64_t src_pg = 0;
+		sqlite3_stmt *s = NULL;
+		if (sqlite3_prepare_v2(src, "PRAGMA page_size", -1, &s, NULL) == SQLITE_OK &&
+		    sqlite3_step(s) == SQLITE_ROW)
+			src_pg = sqlite3_column_int64(s, 0);
+		sqlite3_finalize(s);
+		if (dst_pg > 0 && src_pg > 0 && dst_pg != src_pg) {
+			conv = sdb_asprintf("%s.pagesize", path);
+			unlink(conv);
+			char *sql = sqlite3_mprintf("PRAGMA page_size=%lld; VACUUM INTO %Q",
+						    (long long)dst_pg, conv);
+			int vrc = sql ? sqlite3_exec(src, sql, NULL, NULL, NULL) : SQLITE_NOMEM;
+			sqlite3_free(sql);
+			if (vrc != SQLITE_OK) {
+				rc = sdb_errf(err, errlen, SDB_EIO,
+					      "replace: rewriting %s with pages of %lld bytes: %s",
+					      path, (long long)dst_pg, sqlite3_errmsg(src));
+				goto out;
+			}
+			sqlite3_close(src);
+			src = NULL;
+			if (sqlite3_open_v2(conv, &src, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+				rc = sdb_errf(err, errlen, SDB_EIO, "replace: open %s: %s", conv,
+					      src ? sqlite3_errmsg(src) : "out of memory");
+				goto out;
+			}
 		}
 	}
 	pthread_mutex_lock(&c->st->write_mu);
@@ -182,5 +263,9 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 		rc = store_partial_rebuild(c->st, err, errlen);
 out:
 	sqlite3_close(src);
+	if (conv) {
+		unlink(conv);
+		free(conv);
+	}
 	return rc;
 }

@@ -41,7 +41,7 @@ tests_unit_test_storage_decimal_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_storage_decimal_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_decimal
 # benchmark (never in make check): see tests/bench/README.md "Decimal128 $sum"
-EXTRA_DIST += tests/bench/decimal_sum_bench.py
+EXTRA_DIST += tests/bench/decimal_sum_bench.py tests/integration/test_storage_page_size.py
 # --- end sb ---
 
 # --- query core: keyenc path matcher projection sortspec (owner: sa); the comparison order

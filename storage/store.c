@@ -263,7 +263,9 @@ static int conn_pragmas(sdb_store *st, sqlite3 *db, char *err, size_t errlen)
 	 * keeps such rows on their page (up to ~2,000 bytes) and the tree shallower: shard CPU
 	 * per op about -15% on YCSB C and A (alternated A/B, tests/bench/README.md); 16
 	 * KiB saved a little more on reads but cost the updates more (a WAL frame is a page).
-	 * Copies (copy.c) take the source's page size. */
+	 * Copies (copy.c) take the source's page size unless asked for another, and a copy
+	 * of another size than the store's is rewritten at its size before the install
+	 * (SQLite's backup into a WAL database takes only its own size). */
 	int rc = store_exec_sql(db, "PRAGMA page_size=" STORE_STR(STORE_PAGE_BYTES), err,
 				errlen);
 	if (rc)

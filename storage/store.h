@@ -184,16 +184,21 @@ int sdb_store_sync(sdb_store_conn *c, char *err, size_t errlen);
 /* Whole-database copies (a shard member's snapshot installation, issue #15).
  * copy_to: write a consistent copy of the store (one read transaction) to the file path
  * (replaced), a plain SQLite file; *applied is its meta 'raft_applied'. Memory stays
- * bounded by SQLite's page caches (no sqlite3_serialize). Errors: SDB_EIO (path cannot be
+ * bounded by SQLite's page caches (no sqlite3_serialize). page_size: the copy's page size
+ * (rewritten to it beside path when the store's differs: a receiver of a release that
+ * cannot install another size), 0 the store's own. Errors: SDB_EIO (path cannot be
  * opened or written, the read failed).
+ * page_size: the page size of the store's file (4096 for a store made before 8 KiB pages,
+ * STORE_PAGE_BYTES for a new one), 0 if it cannot be read.
  * replace_from: make this store's content the copy at path (same format), in place: other
  * connections keep working and see the new content from their next transaction (their
  * catalog caches reload); in-memory oplog counters are re-read. *applied is the new
  * 'raft_applied'. Outside a transaction. Errors: SDB_EINVAL (a transaction is open on c),
  * SDB_ECORRUPT (path is not a store copy), SDB_EIO (path cannot be read, or the copy into
  * the store failed). */
-int sdb_store_copy_to(sdb_store_conn *c, const char *path, uint64_t *applied, char *err,
-		      size_t errlen);
+int sdb_store_copy_to(sdb_store_conn *c, const char *path, int page_size, uint64_t *applied,
+		      char *err, size_t errlen);
+int sdb_store_page_size(sdb_store_conn *c);
 int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applied, char *err,
 			   size_t errlen);
 /* Text settings in the meta table (replica-set name, member addresses). put: inside a

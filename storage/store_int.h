@@ -41,7 +41,8 @@
  * and waits for the thread's copy when the WAL grew by STORE_CKPT_FRAMES_BEHIND frames
  * during it; a big WAL allows a bigger tail, and at STORE_CKPT_FRAMES_MAX a commit copies
  * it all (checkpoint.c). Counted in frames of STORE_PAGE_BYTES, so that the bytes are those
- * measured with 4 KiB pages (a store made with 4 KiB pages checkpoints at half of them). */
+ * measured with 4 KiB pages; a store of another page size (one made with 4 KiB pages) counts
+ * the same bytes in its own frames (store_ckpt_frames). */
 #define STORE_CKPT_FRAMES (1000 * 4096 / STORE_PAGE_BYTES)
 #define STORE_CKPT_FRAMES_BEHIND (8000 * 4096 / STORE_PAGE_BYTES)
 #define STORE_CKPT_FRAMES_MAX (32000 * 4096 / STORE_PAGE_BYTES)
@@ -62,6 +63,9 @@ void store_ckpt_stop(sdb_store *st);
 /* Give connection db the store's WAL hook, which replaces SQLite's automatic checkpoint
  * (no-op without a checkpoint thread: the automatic checkpoint stays). */
 void store_ckpt_attach(sdb_store *st, sqlite3 *db);
+/* A threshold above (frames of STORE_PAGE_BYTES) in frames of st's own page size: the
+ * same bytes (n itself without a checkpoint thread). */
+int store_ckpt_frames(const sdb_store *st, int n);
 
 struct sdb_store {
 	char *path; /* DIR/shard.db */

@@ -103,7 +103,23 @@ void shard_cmd_snapshot_file(shard_ctx *x)
 		}
 		reap_old(dir);
 		char *path = sdb_asprintf("%s/out-%s.db", dir, hex);
-		int rc = sdb_store_copy_to(x->conn, path, &applied, x->err, sizeof x->err);
+		/* the receiver's page size (pageSize, sent since 8 KiB pages); without it the
+		 * receiver is of a release of 4 KiB pages that installs no other size */
+		int64_t page_size = 4096;
+		bson_iter_t pit;
+		if (bson_iter_init_find(&pit, x->cmd, "pageSize") &&
+		    !util_get_int(x, "stripedbSnapshotFile", &pit, 512, 65536, &page_size)) {
+			free(path);
+			goto out;
+		}
+		if (page_size & (page_size - 1)) {
+			free(path);
+			shard_fail(x, WIRE_ERR_BAD_VALUE,
+				   "stripedbSnapshotFile pageSize must be a power of two");
+			goto out;
+		}
+		int rc = sdb_store_copy_to(x->conn, path, (int)page_size, &applied, x->err,
+					   sizeof x->err);
 		if (rc || stat(path, &st) != 0) {
 			free(path);
 			shard_fail(x, WIRE_ERR_INTERNAL, "snapshot copy: %s", x->err);
@@ -193,6 +209,11 @@ int shard_snapshot_fetch(shard *sh, sdb_store_conn *conn, const char *source,
 	}
 	bson_init(&cmd);
 	BSON_APPEND_UTF8(&cmd, "stripedbSnapshotFile", "open");
+	/* the copy at this store's page size (a sender of before 8 KiB pages ignores it and
+	 * sends its own: sdb_store_replace_from converts then) */
+	int my_page = sdb_store_page_size(conn);
+	if (my_page > 0)
+		BSON_APPEND_INT32(&cmd, "pageSize", my_page);
 	bool ok = run(c, &cmd, &reply, err, errlen);
 	bson_destroy(&cmd);
 	if (ok && bson_iter_init_find(&it, &reply, "id") && BSON_ITER_HOLDS_UTF8(&it))

@@ -3,9 +3,11 @@
  * A shard member's Raft snapshot is a marker (src/shard/repl.c): the data is shard.db. A
  * member that needs a snapshot it does not hold (it was down while the others compacted
  * their logs, or it was just added) copies a consistent shard.db from another member:
- *   {stripedbSnapshotFile: "open"} -> {id, size, applied}: the source writes a consistent
- *       copy (sdb_store_copy_to: one read transaction, bounded memory) to
- *       DATA_DIR/snapshots/out-ID.db;
+ *   {stripedbSnapshotFile: "open", pageSize} -> {id, size, applied}: the source writes a
+ *       consistent copy (sdb_store_copy_to: one read transaction, bounded memory) to
+ *       DATA_DIR/snapshots/out-ID.db, at the receiver's store's page size pageSize
+ *       (4096 when absent: a receiver of before 8 KiB pages, which installs no other
+ *       size; a receiver of since converts what an older source sends);
  *   {stripedbSnapshotFile: "read", id, offset, length <= 8 MiB} -> {data: BinData,
  *       sha256: BinData}: one chunk and its SHA-256 (checked by the receiver);
  *   {stripedbSnapshotFile: "close", id}: the copy is deleted (copies left behind by a

@@ -40,9 +40,8 @@ static void commit_padded(fx *f, int *id, const char *pad)
 /* WAL checkpoints run on the store's own thread (storage/checkpoint.c): after ~15,000
  * frames of commits the thread has checkpointed, the WAL file stayed bounded (it restarts
  * after a complete checkpoint), and the data reads back whole. */
-static void test_wal_checkpointed_by_its_thread(void **state)
+static void wal_checkpointed_by_its_thread(fx *f, int page)
 {
-	fx *f = *state;
 	char pad[3500], wal[300];
 	uint64_t bg = 0, inl = 0, waits = 0;
 	struct stat sb;
@@ -66,12 +65,46 @@ static void test_wal_checkpointed_by_its_thread(void **state)
 	assert_int_equal(stat(wal, &sb), 0);
 	/* at most STORE_CKPT_FRAMES_BEHIND frames of STORE_PAGE_BYTES (+ 24-byte frame
 	 * headers) and a tail of STORE_CKPT_FRAMES, plus one commit's frames (about 100 KB);
-	 * the ~60 MB written would not fit */
-	assert_true(sb.st_size <=
-		    (off_t)(STORE_CKPT_FRAMES_BEHIND + STORE_CKPT_FRAMES + 800 * 1024 / STORE_PAGE_BYTES) *
-			    (STORE_PAGE_BYTES + 24) +
-			    32);
+	 * the ~60 MB written would not fit. The same bytes in a store of 4 KiB pages. */
+	int frames = STORE_CKPT_FRAMES_BEHIND + STORE_CKPT_FRAMES + 800 * 1024 / STORE_PAGE_BYTES;
+	frames = (int)((int64_t)frames * STORE_PAGE_BYTES / page);
+	assert_true(sb.st_size <= (off_t)frames * (page + 24) + 32);
 	assert_count_and_clean(f, 6000);
+}
+
+static void test_wal_checkpointed_by_its_thread(void **state)
+{
+	fx *f = *state;
+	assert_int_equal(sdb_store_page_size(f->c), STORE_PAGE_BYTES);
+	assert_int_equal(store_ckpt_frames(f->st, STORE_CKPT_FRAMES), STORE_CKPT_FRAMES);
+	wal_checkpointed_by_its_thread(f, STORE_PAGE_BYTES);
+}
+
+/* A store made with 4 KiB pages (before 8 KiB, which it keeps): its thresholds are the
+ * same bytes, twice the frames (before they were the same frames: half the bytes, twice
+ * the checkpoints and commits held back at 16 MB instead of 32), and its WAL stays as
+ * bounded. */
+static void test_wal_checkpointed_by_its_thread_4k_store(void **state)
+{
+	fx *f = *state;
+	char path[300];
+	sqlite3 *db = NULL;
+	fx_close(f);
+	snprintf(path, sizeof path, "rm -f %s/shard.db*", f->dir);
+	assert_int_equal(system(path), 0);
+	snprintf(path, sizeof path, "%s/shard.db", f->dir);
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	assert_int_equal(sqlite3_exec(db, "PRAGMA page_size=4096; PRAGMA journal_mode=WAL", NULL,
+				      NULL, NULL),
+			 SQLITE_OK);
+	sqlite3_close(db);
+	fx_open(f, 0);
+	assert_int_equal(sdb_store_page_size(f->c), 4096);
+	assert_int_equal(store_ckpt_frames(f->st, STORE_CKPT_FRAMES),
+			 STORE_CKPT_FRAMES * STORE_PAGE_BYTES / 4096);
+	assert_int_equal(store_ckpt_frames(f->st, STORE_CKPT_FRAMES_BEHIND),
+			 STORE_CKPT_FRAMES_BEHIND * STORE_PAGE_BYTES / 4096);
+	wal_checkpointed_by_its_thread(f, 4096);
 }
 
 /* Commits of the same big size, each in a fresh WAL (the thread copied the last one
@@ -251,6 +284,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_wal_checkpointed_by_its_thread, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wal_checkpointed_by_its_thread_4k_store, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_wal_big_commits_copied_by_the_thread, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_wal_checkpoint_disk_error_is_recorded, setup,

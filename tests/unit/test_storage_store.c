@@ -417,6 +417,128 @@ static void test_decimal_keys_rekeyed_after_snapshot_install(void **state)
 	assert_int_equal(system(cmd), 0);
 }
 
+/* The page size of a store's file (PRAGMA page_size, read-only). */
+static int file_page_size(const char *path)
+{
+	sqlite3 *db = NULL;
+	sqlite3_stmt *st = NULL;
+	int pg = -1;
+	assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+	assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA page_size", -1, &st, NULL), SQLITE_OK);
+	if (sqlite3_step(st) == SQLITE_ROW)
+		pg = sqlite3_column_int(st, 0);
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+	return pg;
+}
+
+/* A store made with 4 KiB pages (before STORE_PAGE_BYTES): its file is created as a
+ * release of then did, 4 KiB and WAL, before the store opens it. */
+static void fx_open_4k(fx *g)
+{
+	char path[300];
+	sqlite3 *db = NULL;
+	snprintf(g->dir, sizeof g->dir, "/tmp/sdb-store-test-XXXXXX");
+	assert_non_null(mkdtemp(g->dir));
+	snprintf(path, sizeof path, "%s/shard.db", g->dir);
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	assert_int_equal(sqlite3_exec(db, "PRAGMA page_size=4096; PRAGMA journal_mode=WAL", NULL,
+				      NULL, NULL),
+			 SQLITE_OK);
+	sqlite3_close(db);
+	fx_open(g, 0);
+	assert_int_equal(file_page_size(path), 4096);
+}
+
+/* Snapshots between stores of different page sizes (a set upgraded in place keeps its 4
+ * KiB stores, a member added later makes an 8 KiB one): sdb_store_replace_from installs a
+ * copy of either size into either, the store keeps its own size, and every document, the
+ * index and the integrity check come through. Both directions. */
+static void test_snapshot_install_across_page_sizes(void **state)
+{
+	fx *f = *state; /* a new store: STORE_PAGE_BYTES */
+	char fpath[300], gpath[300], copy[300];
+	snprintf(fpath, sizeof fpath, "%s/shard.db", f->dir);
+	assert_int_equal(file_page_size(fpath), STORE_PAGE_BYTES);
+	assert_true(STORE_PAGE_BYTES != 4096);
+	fx g = {.now_ms = 1700000000000LL};
+	fx_open_4k(&g);
+	snprintf(gpath, sizeof gpath, "%s/shard.db", g.dir);
+	for (int dir = 0; dir < 2; dir++) {
+		fx *src = dir == 0 ? &g : f, *dst = dir == 0 ? f : &g;
+		const int base = 1000 * (dir + 1);
+		begin_w(src);
+		/* rows of 3 KB: overflow pages at 4 KiB, not at 8 */
+		char *big = malloc(3001);
+		memset(big, 'x', 3000);
+		big[3000] = 0;
+		for (int i = 0; i < 300; i++) {
+			bson_t *d = doc_id_a(base + i, i);
+			BSON_APPEND_UTF8(d, "s", big);
+			assert_int_equal(sdb_store_insert(src->c, "db", "c", d, NULL, NULL, src->err,
+							  sizeof src->err),
+					 0);
+			bson_destroy(d);
+		}
+		free(big);
+		if (dir == 0) {
+			bson_t *spec = BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1");
+			bool created;
+			int code;
+			assert_int_equal(sdb_store_index_create(src->c, "db", "c", spec, NULL, &created,
+								&code, src->err, sizeof src->err),
+					 0);
+			bson_destroy(spec);
+		}
+		commit(src);
+		uint64_t applied = 0;
+		snprintf(copy, sizeof copy, "%s/copy.db", src->dir);
+		/* 8 KiB to 4 KiB: the sender rewrites the copy at the size asked for (a receiver
+		 * of before 8 KiB pages installs no other); 4 KiB to 8 KiB: the receiver does */
+		assert_int_equal(sdb_store_copy_to(src->c, copy, dir == 0 ? 0 : 4096, &applied,
+						   src->err, sizeof src->err),
+				 0);
+		assert_int_equal(file_page_size(copy), 4096);
+		assert_int_equal(sdb_store_page_size(src->c), dir == 0 ? 4096 : STORE_PAGE_BYTES);
+		assert_int_equal(sdb_store_page_size(dst->c), dir == 0 ? STORE_PAGE_BYTES : 4096);
+		assert_int_equal(sdb_store_replace_from(dst->c, copy, &applied, dst->err,
+							sizeof dst->err),
+				 0);
+		/* the copy is left as it was, and nothing beside it */
+		assert_int_equal(file_page_size(copy), 4096);
+		char conv[320];
+		snprintf(conv, sizeof conv, "%s.pagesize", copy);
+		assert_int_equal(access(conv, F_OK), -1);
+		unlink(copy);
+		assert_int_equal(file_page_size(fpath), STORE_PAGE_BYTES);
+		assert_int_equal(file_page_size(gpath), 4096);
+		/* the destination holds the source's documents (the first 300, then all 600) */
+		assert_count_and_clean(dst, 300 * (dir + 1));
+		assert_int_equal(sdb_store_begin(dst->c, true, dst->err, sizeof dst->err), 0);
+		assert_int_equal(insert(dst, 99999, 1, NULL), 0);
+		commit(dst);
+		assert_count_and_clean(dst, 300 * (dir + 1) + 1);
+		/* and keeps it after a reopen */
+		fx_close(dst);
+		fx_open(dst, 0);
+		assert_count_and_clean(dst, 300 * (dir + 1) + 1);
+		if (dir == 0) {
+			/* the source goes on from the destination's content (as a set does) */
+			begin_w(f);
+			bson_t *d = doc_id_a(99999, 1);
+			assert_int_equal(sdb_store_delete(f->c, "db", "c", d, NULL, f->err,
+							  sizeof f->err),
+					 0);
+			bson_destroy(d);
+			commit(f);
+		}
+	}
+	fx_close(&g);
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", g.dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 static void test_catalog_drop_and_oplog_commands(void **state)
 {
 	fx *f = *state;
@@ -885,6 +1007,8 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_decimal_keys_rekeyed_after_snapshot_install,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_snapshot_install_across_page_sizes, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_coll_rename, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ts_monotonic_with_clock_jumps_and_restart,
 						setup, teardown),
