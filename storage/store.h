@@ -188,14 +188,16 @@ int sdb_store_sync(sdb_store_conn *c, char *err, size_t errlen);
  * (rewritten to it beside path when the store's differs: a receiver of a release that
  * cannot install another size), 0 the store's own. Errors: SDB_EIO (path cannot be
  * opened or written, the read failed).
- * page_size: the page size of the store's file (4096 for a store made before 8 KiB pages,
- * STORE_PAGE_BYTES for a new one), 0 if it cannot be read.
+ * sdb_store_page_size: the page size of the store's file in bytes (4096 for a store made
+ * before 8 KiB pages, STORE_PAGE_BYTES for a new one), 0 if it cannot be read.
  * replace_from: make this store's content the copy at path (same format), in place: other
  * connections keep working and see the new content from their next transaction (their
  * catalog caches reload); in-memory oplog counters are re-read. *applied is the new
  * 'raft_applied'. Outside a transaction. Errors: SDB_EINVAL (a transaction is open on c),
  * SDB_ECORRUPT (path is not a store copy), SDB_EIO (path cannot be read, or the copy into
- * the store failed). */
+ * the store failed). A copy of another page size than this store's is rewritten at this
+ * store's beside path first (VACUUM INTO: disk for one more copy), since SQLite's backup
+ * into a WAL database refuses another page size. */
 int sdb_store_copy_to(sdb_store_conn *c, const char *path, int page_size, uint64_t *applied,
 		      char *err, size_t errlen);
 int sdb_store_page_size(sdb_store_conn *c);
