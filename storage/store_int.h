@@ -63,8 +63,9 @@ void store_ckpt_stop(sdb_store *st);
 /* Give connection db the store's WAL hook, which replaces SQLite's automatic checkpoint
  * (no-op without a checkpoint thread: the automatic checkpoint stays). */
 void store_ckpt_attach(sdb_store *st, sqlite3 *db);
-/* A threshold above (frames of STORE_PAGE_BYTES) in frames of st's own page size: the
- * same bytes (n itself without a checkpoint thread). */
+/* A threshold above, n frames of STORE_PAGE_BYTES, in frames of st's own page size.
+ * Returns: the same bytes in st's frames (at least 1), or n itself without a checkpoint
+ * thread. No errors. */
 int store_ckpt_frames(const sdb_store *st, int n);
 
 struct sdb_store {
