@@ -24,9 +24,41 @@
 
 /* ------------------------------------------------------------------ whole-database copies */
 
+/* The page size of the database open on db in bytes, 0 when it cannot be read. */
+static int db_page_size(sqlite3 *db)
+{
+	sqlite3_stmt *s = NULL;
+	int page = 0;
+
+	if (sqlite3_prepare_v2(db, "PRAGMA page_size", -1, &s, NULL) == SQLITE_OK &&
+	    sqlite3_step(s) == SQLITE_ROW)
+		page = sqlite3_column_int(s, 0);
+	sqlite3_finalize(s);
+	return page;
+}
+
+/* Rewrite the database open on db at page bytes per page into *conv (heap, "PATH.pagesize"
+ * beside path; replaced): SQLite's backup into a WAL database refuses a source of another
+ * page size, so a copy of the wrong size is rewritten (VACUUM INTO: no temporary database,
+ * disk for one more copy). Returns: 0, or SDB_EIO with err naming what (the caller's
+ * prefix). *conv is set either way (the caller unlinks and frees it). */
+static int rewrite_page_size(sqlite3 *db, const char *path, int page, char **conv,
+			     const char *what, char *err, size_t errlen)
+{
+	*conv = sdb_asprintf("%s.pagesize", path);
+	unlink(*conv);
+	char *sql = sqlite3_mprintf("PRAGMA page_size=%d; VACUUM INTO %Q", page, *conv);
+	int vrc = sql ? sqlite3_exec(db, sql, NULL, NULL, NULL) : SQLITE_NOMEM;
+	sqlite3_free(sql);
+	if (vrc != SQLITE_OK)
+		return sdb_errf(err, errlen, SDB_EIO, "%s: rewriting %s with pages of %d bytes: %s",
+				what, path, page, sqlite3_errmsg(db));
+	return 0;
+}
+
 int sdb_store_page_size(sdb_store_conn *c)
 {
-	return (int)store_query_int(c, "PRAGMA page_size", 0);
+	return db_page_size(c->db);
 }
 
 int sdb_store_copy_to(sdb_store_conn *c, const char *path, int page_size, uint64_t *applied,
@@ -82,33 +114,15 @@ int sdb_store_copy_to(sdb_store_conn *c, const char *path, int page_size, uint64
 	 * one (a release of before 8 KiB pages, whose backup into its WAL store fails on a
 	 * size other than its own): rewritten beside path (VACUUM INTO, no temporary
 	 * database) and renamed over it. */
-	if (page_size > 0) {
-		int have = 0;
-		sqlite3_stmt *s = NULL;
-		if (sqlite3_prepare_v2(dst, "PRAGMA page_size", -1, &s, NULL) == SQLITE_OK &&
-		    sqlite3_step(s) == SQLITE_ROW)
-			have = sqlite3_column_int(s, 0);
-		sqlite3_finalize(s);
-		if (have != page_size) {
-			conv = sdb_asprintf("%s.pagesize", path);
-			unlink(conv);
-			char *sql = sqlite3_mprintf("PRAGMA page_size=%d; VACUUM INTO %Q", page_size,
-						    conv);
-			int vrc = sql ? sqlite3_exec(dst, sql, NULL, NULL, NULL) : SQLITE_NOMEM;
-			sqlite3_free(sql);
-			if (vrc != SQLITE_OK) {
-				rc = sdb_errf(err, errlen, SDB_EIO,
-					      "copy: rewriting with pages of %d bytes: %s", page_size,
-					      sqlite3_errmsg(dst));
-				goto out;
-			}
-			sqlite3_close(dst);
-			dst = NULL;
-			if (rename(conv, path) != 0) {
-				rc = sdb_errf(err, errlen, SDB_EIO, "copy: rename %s: %s", conv,
-					      strerror(errno));
-				goto out;
-			}
+	if (page_size > 0 && db_page_size(dst) != page_size) {
+		if ((rc = rewrite_page_size(dst, path, page_size, &conv, "copy", err, errlen)) != 0)
+			goto out;
+		sqlite3_close(dst);
+		dst = NULL;
+		if (rename(conv, path) != 0) {
+			rc = sdb_errf(err, errlen, SDB_EIO, "copy: rename %s: %s", conv,
+				      strerror(errno));
+			goto out;
 		}
 	}
 	rc = 0;
@@ -174,26 +188,12 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 		 * install a snapshot from a 4 KiB one, nor the reverse. Rewrite the copy at this
 		 * store's page size beside it first (VACUUM INTO; the copy itself is left as it
 		 * is), and install that. */
-		int64_t dst_pg = store_query_int(c, "PRAGMA page_size", 0);
-		int64_t src_pg = 0;
-		sqlite3_stmt *s = NULL;
-		if (sqlite3_prepare_v2(src, "PRAGMA page_size", -1, &s, NULL) == SQLITE_OK &&
-		    sqlite3_step(s) == SQLITE_ROW)
-			src_pg = sqlite3_column_int64(s, 0);
-		sqlite3_finalize(s);
+		int dst_pg = db_page_size(c->db);
+		int src_pg = db_page_size(src);
 		if (dst_pg > 0 && src_pg > 0 && dst_pg != src_pg) {
-			conv = sdb_asprintf("%s.pagesize", path);
-			unlink(conv);
-			char *sql = sqlite3_mprintf("PRAGMA page_size=%lld; VACUUM INTO %Q",
-						    (long long)dst_pg, conv);
-			int vrc = sql ? sqlite3_exec(src, sql, NULL, NULL, NULL) : SQLITE_NOMEM;
-			sqlite3_free(sql);
-			if (vrc != SQLITE_OK) {
-				rc = sdb_errf(err, errlen, SDB_EIO,
-					      "replace: rewriting %s with pages of %lld bytes: %s",
-					      path, (long long)dst_pg, sqlite3_errmsg(src));
+			if ((rc = rewrite_page_size(src, path, dst_pg, &conv, "replace", err,
+						    errlen)) != 0)
 				goto out;
-			}
 			sqlite3_close(src);
 			src = NULL;
 			if (sqlite3_open_v2(conv, &src, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
