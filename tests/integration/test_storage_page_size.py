@@ -19,7 +19,7 @@ import pytest
 from pymongo.errors import AutoReconnect, ConnectionFailure
 
 from conftest import free_port, wait_until
-from test_shard_members import ctl, members_of, start_joiner, status, write_acked
+from test_shard_members import ctl, members_of, start_joiner, status
 from test_shard_replset import SET, primary_index, start_set
 
 OLD_BIN = os.environ.get("STRIPEDB_OLD_BIN")
@@ -199,6 +199,31 @@ def _add_and_catch_up(start_role, tmp_path, wires, uri, joiner_4k):
     return p4, w4
 
 
+def _write_acked(uri, ids):
+    """Insert {_id: i} for each i as retryable writes (what drivers send by default: a
+    primary that steps down under the load of four members on two cores answers 11602,
+    and the driver's one retry is applied once, lsid/txnNumber); return the ids
+    acknowledged (an error fails the test)."""
+    acked = []
+    with pymongo.MongoClient(uri, retryWrites=True, serverSelectionTimeoutMS=10000) as c:
+        for i in ids:
+            c.app.c.insert_one({"_id": i, "v": "x" * 32})
+            acked.append(i)
+    return acked
+
+
+def _seed(uri):
+    """app.c indexed on a and 200 acknowledged documents of 3 KB (on overflow pages at 4
+    KiB, not at 8) through uri, as retryable writes; returns their _ids."""
+    acked = []
+    with pymongo.MongoClient(uri, retryWrites=True, serverSelectionTimeoutMS=10000) as c:
+        c.app.c.create_index("a")
+        for i in range(200):
+            c.app.c.insert_one({"_id": i, "a": i % 10, "s": "p" * 3000})
+            acked.append(i)
+    return acked
+
+
 @pytest.mark.parametrize("set_4k,joiner_4k", [(True, False), (False, True)],
                          ids=["4k-set-new-joiner", "new-set-4k-joiner"])
 def test_member_added_installs_a_snapshot_of_another_page_size(start_role, tmp_path, set_4k,
@@ -210,19 +235,14 @@ def test_member_added_installs_a_snapshot_of_another_page_size(start_role, tmp_p
         for i in (1, 2, 3):
             make_4k_store(str(tmp_path / f"m{i}"))
     procs, wires, uri = start_set(start_role, tmp_path, extra=["--raft-snapshot-threshold=32"])
-    # documents of 3 KB: on overflow pages at 4 KiB, not at 8
-    acked = []
+    acked = _seed(uri)
+    # a document near the 16 MB limit: a long overflow chain in either page size
     with pymongo.MongoClient(uri, retryWrites=False, serverSelectionTimeoutMS=10000) as c:
-        c.app.c.create_index("a")
-        for i in range(200):
-            c.app.c.insert_one({"_id": i, "a": i % 10, "s": "p" * 3000})
-            acked.append(i)
-        # a document near the 16 MB limit: a long overflow chain in either page size
         c.app.c.insert_one({"_id": 10 ** 6, "a": -1, "s": "B" * (16 * 1024 * 1024 - 200)})
-        acked.append(10 ** 6)
+    acked.append(10 ** 6)
     p4, w4 = _add_and_catch_up(start_role, tmp_path, wires, uri, joiner_4k)
     assert "installed a snapshot from another member" in open(p4.log_path).read()
-    acked += write_acked(uri, range(200, 260))
+    acked += _write_acked(uri, range(200, 260))
     wait_until(lambda: status(w4)["applied"] >= status(wires[primary_index(wires)])["applied"],
                30, interval=0.1, what="the new member applied the writes after the add")
     with pymongo.MongoClient(f"mongodb://127.0.0.1:{w4}/?directConnection=true",
@@ -301,19 +321,14 @@ def test_mixed_binaries_add_member_by_snapshot(start_role, tmp_path, monkeypatch
     if old_side == "set":
         monkeypatch.setattr(conftest, "BIN", OLD_BIN)
     procs, wires, uri = start_set(start_role, tmp_path, extra=["--raft-snapshot-threshold=32"])
-    acked = []
-    with pymongo.MongoClient(uri, retryWrites=False, serverSelectionTimeoutMS=10000) as c:
-        c.app.c.create_index("a")
-        for i in range(200):
-            c.app.c.insert_one({"_id": i, "a": i % 10, "s": "p" * 3000})
-            acked.append(i)
+    acked = _seed(uri)
     if old_side == "set":
         monkeypatch.undo()
     else:
         monkeypatch.setattr(conftest, "BIN", OLD_BIN)
     p4, w4 = _add_and_catch_up(start_role, tmp_path, wires, uri, joiner_4k=False)
     assert "installed a snapshot from another member" in open(p4.log_path).read()
-    acked += write_acked(uri, range(200, 260))
+    acked += _write_acked(uri, range(200, 260))
     wait_until(lambda: status(w4)["applied"] >= status(wires[primary_index(wires)])["applied"],
                30, interval=0.1, what="the new member applied the writes after the add")
     with pymongo.MongoClient(f"mongodb://127.0.0.1:{w4}/?directConnection=true",
