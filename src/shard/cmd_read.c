@@ -89,6 +89,11 @@ static bool parse_find_opts(shard_ctx *x, const bson_t *cmd, const char *cmdname
 		return false;
 	while (bson_iter_next(&it)) {
 		const char *k = bson_iter_key(&it);
+		/* the first byte of every name below: the command's other fields (its name,
+		 * $db, lsid, $clusterTime, txnNumber ...) skip the chain of strcmp (0.9% of a
+		 * shard's CPU on point reads, issue #19) */
+		if (k[0] == '\0' || strchr("fqpshlbtamk", k[0]) == NULL)
+			continue;
 		if (strcmp(k, "filter") == 0 || strcmp(k, "query") == 0) {
 			if (!util_get_doc(x, cmdname, &it, &o->filter))
 				return false;

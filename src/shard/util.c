@@ -43,6 +43,12 @@ bool util_get_int(shard_ctx *x, const char *cmd, const bson_iter_t *it, int64_t 
 		  int64_t *out)
 {
 	sdb_bson_err e;
+
+	/* the "cmd.field" name only appears in an error message: built (and the check run
+	 * again for its message) only then; formatting it for every limit and batchSize was
+	 * 1.4% of a shard's CPU on point reads (issue #19) */
+	if (sdb_bson_get_int64(it, bson_iter_key(it), lo, hi, out, NULL) == 0)
+		return true;
 	char *field = sdb_asprintf("%s.%s", cmd, bson_iter_key(it));
 	int rc = sdb_bson_get_int64(it, field, lo, hi, out, &e);
 
