@@ -355,6 +355,7 @@ int sdb_store_check(sdb_store_conn *c, bson_t *problems, int *n_problems, char *
 		    size_t errlen)
 {
 	*n_problems = 0;
+	store_release_kept(c);
 	if (store_exec_sql(c->db, "PRAGMA quick_check", NULL, 0) != 0)
 		problem(problems, n_problems, "sqlite quick_check failed");
 	for (size_t i = 0; i < c->n_colls; i++) {
@@ -372,6 +373,7 @@ int sdb_store_validate(sdb_store_conn *c, const char *db, const char *coll, bool
 	const sdb_store_coll *co;
 	int rc;
 
+	store_release_kept(c);
 	memset(v, 0, sizeof *v);
 	*n_problems = 0;
 	if ((rc = sdb_store_coll_get(c, db, coll, &co, err, errlen)) != 0)

@@ -179,6 +179,9 @@ static int ckpt_hook(void *arg, sqlite3 *db, const char *name, int nframes)
 	store_ckpt *k = arg;
 	bool run_here = false;
 
+	/* after the commit, its write lock released: a read transaction kept open
+	 * (sdb_store_keep_reads) that began before it is not taken over (store.c) */
+	atomic_fetch_add(&k->st->commit_epoch, 1);
 	if (nframes < k->frames)
 		return SQLITE_OK;
 	uint64_t g = wal_generation(db);

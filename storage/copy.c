@@ -69,6 +69,7 @@ int sdb_store_copy_to(sdb_store_conn *c, const char *path, int page_size, uint64
 	char *conv = NULL;
 	int rc = SDB_EIO;
 
+	store_release_kept(c); /* the backup reads c's snapshot: the newest */
 	unlink(path);
 	if (sqlite3_open_v2(path, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
 	    SQLITE_OK) {
@@ -148,8 +149,10 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 	sqlite3_backup *bk;
 	char *conv = NULL; /* the copy rewritten at this store's page size, if it differed */
 	int rc = SDB_EIO;
-	int64_t gen_before = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
-	int64_t keyenc = 0;
+	int64_t gen_before, keyenc = 0;
+
+	store_release_kept(c); /* the catalog generation below is the newest */
+	gen_before = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
 
 	if (c->in_txn || c->apply)
 		return sdb_errf(err, errlen, SDB_EINVAL, "replace: a transaction is open");
@@ -262,6 +265,9 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 	if (rc == 0)
 		rc = store_partial_rebuild(c->st, err, errlen);
 out:
+	/* whatever the backup wrote, a read transaction kept open on another connection
+	 * (sdb_store_keep_reads) must not outlive it */
+	atomic_fetch_add(&c->st->commit_epoch, 1);
 	sqlite3_close(src);
 	if (conv) {
 		unlink(conv);

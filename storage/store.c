@@ -117,9 +117,38 @@ int store_exec_sql(sqlite3 *db, const char *sql, char *err, size_t errlen)
 	return 0;
 }
 
+void store_release_kept(sdb_store_conn *c)
+{
+	if (!c->kept)
+		return;
+	c->kept = false; /* first: the ROLLBACK below goes through store_stmt_get */
+	store_exec_cached(c, "ROLLBACK", NULL, 0);
+}
+
+void sdb_store_keep_reads(sdb_store_conn *c, bool on)
+{
+	c->keep_reads = on;
+	if (!on)
+		store_release_kept(c);
+}
+
+void sdb_store_release_read(sdb_store_conn *c)
+{
+	if (c)
+		store_release_kept(c);
+}
+
+uint64_t sdb_store_reads_taken_over(sdb_store *st)
+{
+	return atomic_load_explicit(&st->reads_taken_over, memory_order_relaxed);
+}
+
 /* A prepared statement from the connection's cache, reset and unbound. */
 sqlite3_stmt *store_stmt_get(sdb_store_conn *c, const char *sql, char *err, size_t errlen)
 {
+	/* a statement outside sdb_store_begin(c, false) must not run in a kept snapshot */
+	if (c->kept)
+		store_release_kept(c);
 	for (int i = 0; i < STORE_STMT_CACHE; i++) {
 		if (c->stmts[i].sql && strcmp(c->stmts[i].sql, sql) == 0) {
 			sqlite3_reset(c->stmts[i].stmt);
@@ -450,7 +479,9 @@ void sdb_store_conn_close(sdb_store_conn *c)
 {
 	if (!c)
 		return;
+	c->keep_reads = false;
 	sdb_store_rollback(c);
+	store_release_kept(c);
 	store_stmt_forget_all(c);
 	store_cache_clear(c);
 	sqlite3_close(c->db);
@@ -463,6 +494,25 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 {
 	if (c->in_txn)
 		return sdb_errf(err, errlen, SDB_EINVAL, "store: transaction already open");
+	if (c->kept) {
+		/* the read transaction the last read left open (sdb_store_keep_reads): its
+		 * snapshot is the store's newest while nothing committed since it began, and
+		 * its catalog cache was loaded in it; SQLite must still have it open */
+		if (!write && !c->apply && atomic_load(&c->st->commit_epoch) == c->txn_epoch &&
+		    !sqlite3_get_autocommit(c->db)) {
+			c->kept = false;
+			c->in_txn = true;
+			c->write = false;
+			c->pending_oplog_bytes = 0;
+			c->pending_ts = 0;
+			c->ddl = false;
+			c->cache_touched = false;
+			c->savepoints = 0;
+			atomic_fetch_add_explicit(&c->st->reads_taken_over, 1, memory_order_relaxed);
+			return 0;
+		}
+		store_release_kept(c);
+	}
 	if (c->apply) {
 		/* one command of a replicated apply: a savepoint inside the apply transaction */
 		int rc = store_exec_cached(c, "SAVEPOINT cmd", err, errlen);
@@ -487,6 +537,9 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 	}
 	if (write)
 		pthread_mutex_lock(&c->st->write_mu);
+	/* before the snapshot begins (at the catalog's read below): a commit that lands after
+	 * this load moves the epoch past it, so a kept snapshot is never taken for newer */
+	c->txn_epoch = atomic_load(&c->st->commit_epoch);
 	int rc = store_exec_cached(c, write ? "BEGIN IMMEDIATE" : "BEGIN", err, errlen);
 	if (rc) {
 		if (write)
@@ -516,6 +569,7 @@ static void txn_end(sdb_store_conn *c, bool committed)
 			c->st->oplog_bytes += c->pending_oplog_bytes;
 			if (c->pending_ts)
 				atomic_store(&c->st->committed_ts, c->pending_ts);
+			atomic_fetch_add(&c->st->commit_epoch, 1); /* the WAL hook did too */
 		}
 		pthread_mutex_unlock(&c->st->write_mu);
 	}
@@ -583,6 +637,14 @@ void sdb_store_rollback(sdb_store_conn *c)
 		store_cache_load(c, NULL, 0);
 		return;
 	}
+	if (c->keep_reads && !c->write && !c->ddl && !c->cache_touched && c->savepoints == 0 &&
+	    c->st->ckpt != NULL && !sqlite3_get_autocommit(c->db)) {
+		/* a read: left open for the next (sdb_store_keep_reads); the epoch is moved
+		 * only by the WAL hook, which a store without its checkpoint thread lacks */
+		c->kept = true;
+		txn_end(c, false);
+		return;
+	}
 	store_exec_cached(c, "ROLLBACK", NULL, 0);
 	if (c->ddl || c->cache_touched)
 		store_cache_clear(c);
@@ -629,6 +691,7 @@ int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err
 {
 	if (c->in_txn || c->apply)
 		return sdb_errf(err, errlen, SDB_EINVAL, "store: transaction already open");
+	store_release_kept(c);
 	pthread_mutex_lock(&c->st->write_mu);
 	int rc = store_exec_cached(c, "BEGIN IMMEDIATE", err, errlen);
 	if (rc) {
@@ -669,6 +732,7 @@ static void apply_end(sdb_store_conn *c, bool committed)
 		c->st->oplog_bytes += c->pending_oplog_bytes;
 		if (c->pending_ts)
 			atomic_store(&c->st->committed_ts, c->pending_ts);
+		atomic_fetch_add(&c->st->commit_epoch, 1); /* the WAL hook did too */
 	}
 	if (c->ddl || !committed) {
 		store_stmt_forget_all(c);
@@ -736,12 +800,14 @@ uint64_t sdb_store_applied_index(sdb_store_conn *c)
 
 int sdb_store_set_durability(sdb_store_conn *c, bool full, char *err, size_t errlen)
 {
+	store_release_kept(c);
 	return store_exec_sql(c->db, full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL",
 			err, errlen);
 }
 
 int sdb_store_sync(sdb_store_conn *c, char *err, size_t errlen)
 {
+	store_release_kept(c);
 	/* A commit with synchronous=FULL fsyncs the WAL, and with it every transaction
 	 * committed before (WAL frames are appended in commit order). */
 	int rc = store_exec_sql(c->db, "PRAGMA synchronous=FULL", err, errlen);
@@ -773,6 +839,8 @@ int sdb_store_meta_scan(sdb_store_conn *c, const char *prefix,
 {
 	sqlite3_stmt *s = NULL;
 	int rc;
+
+	store_release_kept(c);
 	/* its own statement: the cache's may be mid-step in the caller */
 	if (sqlite3_prepare_v2(c->db, "SELECT k, v FROM meta WHERE substr(k, 1, ?1) = ?2", -1, &s,
 			       NULL) != SQLITE_OK)

@@ -137,6 +137,25 @@ void sdb_store_rollback(sdb_store_conn *c);
 /* True when c has no transaction open and is not inside a replicated apply
  * (sdb_store_apply_begin .. commit): a read may begin on it. */
 bool sdb_store_conn_idle(const sdb_store_conn *c);
+/* Keep c's read transactions open between reads (issue #19): sdb_store_rollback of a
+ * read-only transaction then leaves it open, and the next sdb_store_begin(c, false)
+ * takes it over (the same snapshot and catalog cache: no BEGIN, no catalog read, no
+ * ROLLBACK, none of SQLite's two lock calls per read transaction) if no transaction
+ * committed on the store since that snapshot began. Commits are counted by the store's
+ * WAL hook, which runs after each commit of each of its connections, and by the
+ * whole-store replace, so a store without its checkpoint thread (no hook) keeps nothing;
+ * writes by another process are not counted (a data directory is one process's: the
+ * role's stripedb.lock). Any other use of c ends the kept transaction first: a write or
+ * apply transaction, a statement outside a transaction, a copy, check or sync. The
+ * caller ends it with sdb_store_release_read before c sits idle: an open read
+ * transaction keeps WAL checkpoints from passing its snapshot. For a connection of one
+ * thread, as every connection. on=false ends a kept transaction. */
+void sdb_store_keep_reads(sdb_store_conn *c, bool on);
+/* End the read transaction kept open on c (sdb_store_keep_reads), if any; c may be NULL. */
+void sdb_store_release_read(sdb_store_conn *c);
+/* How many sdb_store_begin(c, false) took a kept read transaction over, on any of st's
+ * connections, since st opened (any thread). */
+uint64_t sdb_store_reads_taken_over(sdb_store *st);
 /* Replicated apply (shard replica sets, issue #15): the inputs a Raft entry carries so
  * that every member running the same commands on the same state writes the same bytes.
  * now_ms: the leader's wall clock when it proposed (epoch ms: oplog ts and wall,

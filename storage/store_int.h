@@ -76,6 +76,12 @@ struct sdb_store {
 	pthread_mutex_t ts_mu;
 	uint64_t last_ts;              /* newest ts allocated (under ts_mu) */
 	_Atomic uint64_t committed_ts; /* newest ts committed */
+	/* Moves after every commit on the store's connections (the WAL hook, checkpoint.c
+	 * ckpt_hook; txn_end and apply_end) and every whole-store replace (copy.c): a read
+	 * transaction kept open (sdb_store_keep_reads) is taken over only while this has not
+	 * moved since it began. */
+	_Atomic uint64_t commit_epoch;
+	_Atomic uint64_t reads_taken_over; /* reads that took a kept transaction over */
 	int64_t oplog_bytes;           /* bytes in the oplog table (under write_mu) */
 	uint64_t writes_since_trim;    /* under write_mu */
 	int64_t session_sweep_ms;      /* next expired-session sweep, epoch ms (under write_mu) */
@@ -97,6 +103,11 @@ struct sdb_store_conn {
 	stmt_slot scan_idle[STORE_SCAN_IDLE];
 	unsigned scan_next; /* round-robin eviction */
 	bool in_txn, write;
+	/* sdb_store_keep_reads: a read transaction ended by sdb_store_rollback stays open
+	 * (kept) for the next sdb_store_begin(c, false); txn_epoch: commit_epoch read before
+	 * the open transaction's snapshot began */
+	bool keep_reads, kept;
+	uint64_t txn_epoch;
 	int savepoints;
 	/* catalog cache, valid for catalog_gen */
 	int64_t cache_gen;
@@ -144,6 +155,10 @@ typedef struct store_keyset {
 
 /* Helpers shared by store.c, oplog.c, index.c and check.c (definitions in the file named;
  * errors: SDB_E* codes with a message in err where they take one). */
+/* End the read transaction kept open on c (sdb_store_keep_reads), if any: every use of c
+ * other than sdb_store_begin(c, false) does this first (store_stmt_get, the write and
+ * apply transactions, the copies and checks that run SQL on c->db directly). (store.c) */
+void store_release_kept(sdb_store_conn *c);
 /* A prepared statement from c's cache (as sdb_store_int_stmt). (store.c) */
 sqlite3_stmt *store_stmt_get(sdb_store_conn *c, const char *sql, char *err, size_t errlen);
 /* Step s to its end and reset it (as sdb_store_int_step_done). Errors: SDB_EIO with

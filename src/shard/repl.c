@@ -1005,6 +1005,16 @@ static void on_change(void *data)
 	}
 }
 
+/* After each round of the loop's I/O callbacks: ends the read transaction the round's
+ * reads kept open on the apply connection (sdb_store_keep_reads), so that none stays
+ * open while the loop waits (it would hold WAL checkpoints back). */
+static void read_check_cb(uv_check_t *h)
+{
+	shard_repl *r = h->data;
+	if (!r->closed)
+		sdb_store_release_read(r->conn);
+}
+
 /* Fires every REPL_STALL_TICK_MS: a late fire is time the loop thread spent elsewhere
  * (apply, snapshot, a big message), during which libraft sent no heartbeat and read
  * none. Observed in stripedb_shard_loop_stall_seconds; long ones are logged. */
@@ -1241,6 +1251,14 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	uv_timer_init(sh->role->loop, &r->stall_timer);
 	r->stall_timer.data = r;
 	uv_timer_start(&r->stall_timer, stall_cb, REPL_STALL_TICK_MS, REPL_STALL_TICK_MS);
+	/* The loop's reads (shard_pool_run_inline on conn) share one read transaction
+	 * within a round of I/O callbacks while nothing commits (issue #19: the BEGIN,
+	 * catalog read, ROLLBACK and SQLite's two lock calls were ~15% of a shard's CPU on
+	 * point reads); the check ends it before the loop waits. */
+	uv_check_init(sh->role->loop, &r->read_check);
+	r->read_check.data = r;
+	uv_check_start(&r->read_check, read_check_cb);
+	sdb_store_keep_reads(r->conn, true);
 	memset(&no, 0, sizeof no);
 	no.id = r->id;
 	no.data_dir = dir;
@@ -1352,10 +1370,16 @@ static void wc_timer_closed(uv_handle_t *h)
 	uv_close((uv_handle_t *)&r->async, async_closed);
 }
 
-static void stall_timer_closed(uv_handle_t *h)
+static void read_check_closed(uv_handle_t *h)
 {
 	shard_repl *r = h->data;
 	uv_close((uv_handle_t *)&r->wc_timer, wc_timer_closed);
+}
+
+static void stall_timer_closed(uv_handle_t *h)
+{
+	shard_repl *r = h->data;
+	uv_close((uv_handle_t *)&r->read_check, read_check_closed);
 }
 
 static void reg_timer_closed(uv_handle_t *h)

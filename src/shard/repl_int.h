@@ -134,6 +134,9 @@ struct shard_repl {
 	uint64_t ct_close_ms;     /* the stop's quiesce ends (sdb_mono_ms; 0: not stopping) */
 	uv_timer_t wc_timer;
 	uv_timer_t stall_timer; /* measures how long the loop thread was busy (see stall_cb) */
+	/* ends the read transaction the loop's reads keep open on conn
+	 * (sdb_store_keep_reads) after each round of the loop's I/O callbacks */
+	uv_check_t read_check;
 	uint64_t stall_last_ns;
 	/* member wire addresses (replicated: op "shardMember") */
 	member_wire *members;

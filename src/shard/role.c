@@ -57,7 +57,8 @@ static void reap_cb(uv_timer_t *t)
 	shard_cursors_reap(sh, sdb_mono_ms(), sh->cursor_idle_ms);
 }
 
-/* Metrics hook (before each /metrics render): the store's checkpoints since the last. */
+/* Metrics hook (before each /metrics render): the store's checkpoints and taken-over
+ * reads since the last. */
 static void ckpt_metrics(void *arg)
 {
 	shard *sh = arg;
@@ -68,6 +69,9 @@ static void ckpt_metrics(void *arg)
 		sdb_counter_add(sh->c_ckpt[i], n[i] - sh->ckpt_seen[i]);
 		sh->ckpt_seen[i] = n[i];
 	}
+	uint64_t kept = sdb_store_reads_taken_over(sh->store);
+	sdb_counter_add(sh->c_reads_kept, kept - sh->reads_kept_seen);
+	sh->reads_kept_seen = kept;
 }
 
 static void shard_free(shard *sh)
@@ -190,6 +194,11 @@ static int shard_start(sdb_role *role)
 					    "Commits of the shard's store that waited for its "
 					    "checkpoint thread (writes outpaced the copy)",
 					    NULL);
+	sh->c_reads_kept = sdb_metrics_counter(
+		"stripedb_shard_read_txns_taken_over_total",
+		"Reads on the loop thread that used the read transaction the previous read of the "
+		"same round left open (nothing committed in between), instead of beginning one",
+		NULL);
 	sdb_metrics_add_hook(ckpt_metrics, sh);
 	rc = shard_pool_start(sh, err, sizeof err);
 	if (rc) {

@@ -171,6 +171,10 @@ struct shard {
 	 * under the metrics hook lock) */
 	sdb_counter *c_ckpt[3];
 	uint64_t ckpt_seen[3];
+	/* /metrics: reads that took over the read transaction the loop's previous read kept
+	 * open (sdb_store_reads_taken_over), and the count already added (the same hook) */
+	sdb_counter *c_reads_kept;
+	uint64_t reads_kept_seen;
 	wire_server *srv;
 	/* pool */
 	pthread_mutex_t mu;

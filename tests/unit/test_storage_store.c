@@ -998,6 +998,156 @@ static void test_rolled_back_apply_leaves_no_trace(void **state)
 }
 
 
+/* ------------------------------------------------------------------ kept reads */
+
+/* meta_scan callback: the value of the one key asked for (caller frees). */
+static void meta_value(void *arg, const char *key, const char *value)
+{
+	(void)key;
+	char **out = arg;
+	free(*out);
+	*out = strdup(value);
+}
+
+/* A read count on c in a read transaction, which c then ends (sdb_store_rollback). */
+static int64_t read_count(fx *f, sdb_store_conn *c)
+{
+	assert_int_equal(sdb_store_begin(c, false, f->err, sizeof f->err), 0);
+	int64_t n = sdb_store_count(c, "db", "c");
+	sdb_store_rollback(c);
+	return n;
+}
+
+/* sdb_store_keep_reads (issue #19): a read transaction ended by the reader stays open and
+ * is taken over by the next read while nothing commits; a commit on another connection
+ * makes the next read begin a new snapshot, which sees it. */
+static void test_kept_read_is_taken_over_until_a_commit(void **state)
+{
+	fx *f = *state;
+	sdb_store_conn *r = NULL;
+
+	begin_w(f);
+	assert_int_equal(insert(f, 1, 1, NULL), 0);
+	commit(f);
+	assert_int_equal(sdb_store_conn_open(f->st, &r, f->err, sizeof f->err), 0);
+	sdb_store_keep_reads(r, true);
+	assert_int_equal(read_count(f, r), 1);
+	/* kept: SQLite's transaction is still open, the store's is not */
+	assert_true(r->kept);
+	assert_true(sdb_store_conn_idle(r));
+	assert_int_equal(sqlite3_get_autocommit(r->db), 0);
+	uint64_t epoch = r->txn_epoch;
+	/* taken over: no commit since */
+	assert_int_equal(sdb_store_begin(r, false, f->err, sizeof f->err), 0);
+	assert_false(r->kept);
+	assert_int_equal(r->txn_epoch, epoch);
+	assert_int_equal(sdb_store_count(r, "db", "c"), 1);
+	sdb_store_rollback(r);
+	assert_true(r->kept);
+	/* a commit elsewhere: the next read must see it */
+	begin_w(f);
+	assert_int_equal(insert(f, 2, 2, NULL), 0);
+	commit(f);
+	assert_true(atomic_load(&f->st->commit_epoch) != epoch);
+	assert_int_equal(read_count(f, r), 2);
+	/* released: SQLite's transaction ends too */
+	sdb_store_release_read(r);
+	assert_false(r->kept);
+	assert_int_equal(sqlite3_get_autocommit(r->db), 1);
+	sdb_store_release_read(r); /* nothing kept: no-op */
+	sdb_store_release_read(NULL);
+	/* off: nothing is kept any more */
+	assert_int_equal(read_count(f, r), 2);
+	assert_true(r->kept);
+	sdb_store_keep_reads(r, false);
+	assert_false(r->kept);
+	assert_int_equal(sqlite3_get_autocommit(r->db), 1);
+	assert_int_equal(read_count(f, r), 2);
+	assert_false(r->kept);
+	sdb_store_conn_close(r);
+}
+
+/* Any other use of the connection ends the kept transaction first: a statement outside a
+ * transaction reads the newest state, and a write or apply transaction begins. */
+static void test_kept_read_ends_before_any_other_use(void **state)
+{
+	fx *f = *state;
+	sdb_store_conn *r = NULL;
+	char *v = NULL;
+
+	begin_w(f);
+	assert_int_equal(sdb_store_meta_put(f->c, "kept_k", "v1", f->err, sizeof f->err), 0);
+	assert_int_equal(insert(f, 1, 1, NULL), 0);
+	commit(f);
+	assert_int_equal(sdb_store_conn_open(f->st, &r, f->err, sizeof f->err), 0);
+	sdb_store_keep_reads(r, true);
+	assert_int_equal(read_count(f, r), 1);
+	assert_true(r->kept);
+	begin_w(f);
+	assert_int_equal(sdb_store_meta_put(f->c, "kept_k", "v2", f->err, sizeof f->err), 0);
+	commit(f);
+	/* outside a transaction: not in the kept (older) snapshot */
+	assert_int_equal(sdb_store_meta_scan(r, "kept_k", meta_value, &v), 0);
+	assert_string_equal(v, "v2");
+	free(v);
+	assert_false(r->kept);
+	/* a cached statement outside a transaction (store_stmt_get) */
+	assert_int_equal(read_count(f, r), 1);
+	assert_true(r->kept);
+	sdb_store_det d0 = {.now_ms = f->now_ms, .term = 1};
+	assert_int_equal(sdb_store_apply_begin(f->c, &d0, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_apply_commit(f->c, 5, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_applied_index(r), 5);
+	assert_false(r->kept);
+	/* a write transaction on the connection */
+	assert_int_equal(read_count(f, r), 1);
+	assert_true(r->kept);
+	assert_int_equal(sdb_store_begin(r, true, f->err, sizeof f->err), 0);
+	bson_t *d = doc_id_a(3, 3);
+	assert_int_equal(sdb_store_insert(r, "db", "c", d, NULL, NULL, f->err, sizeof f->err), 0);
+	bson_destroy(d);
+	assert_int_equal(sdb_store_commit(r, f->err, sizeof f->err), 0);
+	/* an apply transaction */
+	assert_int_equal(read_count(f, r), 2);
+	assert_true(r->kept);
+	sdb_store_det det = {.now_ms = f->now_ms, .term = 1};
+	assert_int_equal(sdb_store_apply_begin(r, &det, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_apply_commit(r, 7, f->err, sizeof f->err), 0);
+	assert_int_equal(read_count(f, f->c), 2);
+	/* a write on the connection ended its kept snapshot: its own next read is fresh */
+	assert_int_equal(read_count(f, r), 2);
+	/* closing with a kept transaction */
+	assert_true(r->kept);
+	sdb_store_conn_close(r);
+}
+
+/* A read that failed half-way (its statement interrupted, SQLite's transaction possibly
+ * gone) or wrote the catalog cache is not kept; a kept snapshot SQLite ended is not taken
+ * over. */
+static void test_kept_read_only_when_sqlite_still_holds_it(void **state)
+{
+	fx *f = *state;
+	sdb_store_conn *r = NULL;
+
+	begin_w(f);
+	assert_int_equal(insert(f, 1, 1, NULL), 0);
+	commit(f);
+	assert_int_equal(sdb_store_conn_open(f->st, &r, f->err, sizeof f->err), 0);
+	sdb_store_keep_reads(r, true);
+	assert_int_equal(read_count(f, r), 1);
+	assert_true(r->kept);
+	/* SQLite ended it behind the store's back */
+	assert_int_equal(sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+	assert_int_equal(sdb_store_begin(r, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_count(r, "db", "c"), 1);
+	assert_int_equal(sqlite3_get_autocommit(r->db), 0); /* a new one began */
+	/* the read transaction ended by SQLite before the store's rollback: not kept */
+	assert_int_equal(sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+	sdb_store_rollback(r);
+	assert_false(r->kept);
+	sdb_store_conn_close(r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1025,6 +1175,12 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_check_finds_data_that_disagrees_with_the_oplog,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_kept_read_is_taken_over_until_a_commit, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_kept_read_ends_before_any_other_use, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_kept_read_only_when_sqlite_still_holds_it, setup,
+						teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
