@@ -192,6 +192,17 @@ def http_get(port, path, timeout=5.0):
         return e.code, e.read()
 
 
+def metric_counter(proc, name):
+    """The value (an int) of the first sample of /metrics counter name of a role started
+    with an HTTP port (proc.http_port), labels or not; 0 when it has none."""
+    st, body = http_get(proc.http_port, "/metrics")
+    assert st == 200
+    for line in body.decode().splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
 def op_msg(request_id, body, flags=0):
     """One OP_MSG message (bytes): flagBits, then body (a dict) as its kind-0 section.
     Wire protocol: https://www.mongodb.com/docs/manual/reference/mongodb-wire-protocol/"""

@@ -10,16 +10,7 @@ import threading
 
 import pymongo
 
-from conftest import http_get
-
-
-def _counter(proc, name):
-    st, body = http_get(proc.http_port, "/metrics")
-    assert st == 200
-    for line in body.decode().splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
+from conftest import metric_counter as _counter
 
 
 def test_reads_see_every_write_acknowledged_before_them(shard):

@@ -1018,12 +1018,10 @@ static int64_t read_count(fx *f, sdb_store_conn *c)
 	return n;
 }
 
-/* sdb_store_keep_reads (issue #19): a read transaction ended by the reader stays open and
- * is taken over by the next read while nothing commits; a commit on another connection
- * makes the next read begin a new snapshot, which sees it. */
-static void test_kept_read_is_taken_over_until_a_commit(void **state)
+/* db.c holding {_id: 1, a: 1}, and a second connection that keeps its reads (the
+ * caller closes it). */
+static sdb_store_conn *kept_reader(fx *f)
 {
-	fx *f = *state;
 	sdb_store_conn *r = NULL;
 
 	begin_w(f);
@@ -1031,6 +1029,17 @@ static void test_kept_read_is_taken_over_until_a_commit(void **state)
 	commit(f);
 	assert_int_equal(sdb_store_conn_open(f->st, &r, f->err, sizeof f->err), 0);
 	sdb_store_keep_reads(r, true);
+	return r;
+}
+
+/* sdb_store_keep_reads (issue #19): a read transaction ended by the reader stays open and
+ * is taken over by the next read while nothing commits; a commit on another connection
+ * makes the next read begin a new snapshot, which sees it. */
+static void test_kept_read_is_taken_over_until_a_commit(void **state)
+{
+	fx *f = *state;
+	sdb_store_conn *r = kept_reader(f);
+
 	assert_int_equal(read_count(f, r), 1);
 	/* kept: SQLite's transaction is still open, the store's is not */
 	assert_true(r->kept);
@@ -1121,19 +1130,14 @@ static void test_kept_read_ends_before_any_other_use(void **state)
 	sdb_store_conn_close(r);
 }
 
-/* A read that failed half-way (its statement interrupted, SQLite's transaction possibly
- * gone) or wrote the catalog cache is not kept; a kept snapshot SQLite ended is not taken
- * over. */
+/* A kept transaction that SQLite ended (a ROLLBACK behind the store's back, as an
+ * interrupted statement may do) is not taken over, and a read whose transaction SQLite
+ * ended before the store's rollback is not kept. */
 static void test_kept_read_only_when_sqlite_still_holds_it(void **state)
 {
 	fx *f = *state;
-	sdb_store_conn *r = NULL;
+	sdb_store_conn *r = kept_reader(f);
 
-	begin_w(f);
-	assert_int_equal(insert(f, 1, 1, NULL), 0);
-	commit(f);
-	assert_int_equal(sdb_store_conn_open(f->st, &r, f->err, sizeof f->err), 0);
-	sdb_store_keep_reads(r, true);
 	assert_int_equal(read_count(f, r), 1);
 	assert_true(r->kept);
 	/* SQLite ended it behind the store's back */
