@@ -222,3 +222,201 @@ def test_secondary_reads_stay_monotonic_through_writes_and_a_snapshot_install(
     # began at its restart): else the test checked nothing of the change
     assert _counter(procs[other], TAKEN) > taken0, "no read took a kept transaction over"
     assert _counter(procs[victim], TAKEN) > 0, "no read took a kept transaction over"
+
+
+def test_causal_reads_on_secondaries_see_the_session_writes(start_role, tmp_path):
+    """A causally consistent session writes on the primary and reads on secondaries
+    (afterClusterTime: the secondary waits until it applied the write, then answers on its
+    loop, where other readers keep transactions open): every read sees the session's own
+    writes, and an insert or delete just acknowledged."""
+    procs, wires, uri = start_set(start_role, tmp_path)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_many([{"_id": i, "v": 0} for i in range(50)])
+    p = primary_index(wires)
+    sec = [i for i in range(3) if i != p]
+    taken0 = [_counter(procs[i], TAKEN) for i in sec]
+    stop = threading.Event()
+    problems = []
+
+    def hammer(port, k):
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                                 maxPoolSize=1) as c:
+            n = 0
+            while not stop.is_set():
+                c.app.c.find_one({"_id": (k * 11 + n) % 50})
+                n += 1
+
+    hs = [threading.Thread(target=hammer, args=(wires[s], k)) for s in sec for k in range(2)]
+    for t in hs:
+        t.start()
+    try:
+        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000,
+                                 readPreference="secondary") as c:
+            coll = c.app.c
+            with c.start_session(causal_consistency=True) as s:
+                for i in range(1, 301):
+                    coll.update_one({"_id": 0}, {"$set": {"v": i}}, session=s)
+                    d = coll.find_one({"_id": 0}, session=s)
+                    if d is None or d["v"] != i:
+                        problems.append(f"after update v={i} the session read {d}")
+                    coll.insert_one({"_id": 1000 + i}, session=s)
+                    if coll.find_one({"_id": 1000 + i}, session=s) is None:
+                        problems.append(f"after insert {1000 + i} the session missed it")
+                    if i % 10 == 0:
+                        coll.delete_one({"_id": 1000 + i - 5}, session=s)
+                        if coll.find_one({"_id": 1000 + i - 5}, session=s) is not None:
+                            problems.append(f"after delete of {1000 + i - 5} still read it")
+    finally:
+        stop.set()
+        for t in hs:
+            t.join()
+    assert not problems, problems[:10]
+    moved = [_counter(procs[i], TAKEN) - t0 for i, t0 in zip(sec, taken0)]
+    assert sum(moved) > 0, f"no read took a kept transaction over: {moved}"
+
+
+def test_causal_reads_on_secondaries_through_ddl(start_role, tmp_path):
+    """Drops, creates, renames and index builds in a causally consistent session, each
+    followed by point reads on a secondary (the loop's reads, beside readers keeping
+    transactions open there): every read answers the catalog the session last wrote."""
+    procs, wires, uri = start_set(start_role, tmp_path)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_one({"_id": 1, "r": -1})
+        c.app.other.insert_many([{"_id": i} for i in range(20)])
+    p = primary_index(wires)
+    sec = [i for i in range(3) if i != p]
+    stop = threading.Event()
+    problems = []
+
+    def hammer(port, k):
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                                 maxPoolSize=1) as c:
+            n = 0
+            while not stop.is_set():
+                try:
+                    c.app.other.find_one({"_id": (k + n) % 20})
+                    c.app.c.find_one({"_id": 1})
+                    c.app.d.find_one({"_id": 1})
+                except OperationFailure as e:
+                    problems.append(f"hammer read failed: {e!r}")
+                n += 1
+
+    hs = [threading.Thread(target=hammer, args=(wires[s], k)) for s in sec for k in range(2)]
+    for t in hs:
+        t.start()
+    try:
+        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000,
+                                 readPreference="secondary") as c:
+            db = c.app
+            with c.start_session(causal_consistency=True) as s:
+                for r in range(25):
+                    db.c.replace_one({"_id": 1}, {"_id": 1, "r": r}, upsert=True, session=s)
+                    got = db.c.find_one({"_id": 1}, session=s)
+                    if got != {"_id": 1, "r": r}:
+                        problems.append(f"round {r}: after the write read {got}")
+                    db.c.create_index("r", session=s)
+                    if db.c.find_one({"_id": 1}, session=s) != {"_id": 1, "r": r}:
+                        problems.append(f"round {r}: after createIndex read changed")
+                    db.c.rename("d", session=s)
+                    if db.c.find_one({"_id": 1}, session=s) is not None:
+                        problems.append(f"round {r}: renamed-away collection still read")
+                    if db.d.find_one({"_id": 1}, session=s) != {"_id": 1, "r": r}:
+                        problems.append(f"round {r}: renamed collection not read")
+                    db.d.drop(session=s)
+                    if db.d.find_one({"_id": 1}, session=s) is not None:
+                        problems.append(f"round {r}: dropped collection still read")
+                    db.create_collection("c", session=s)
+                    if db.c.find_one({"_id": 1}, session=s) is not None:
+                        problems.append(f"round {r}: recreated collection has a document")
+    finally:
+        stop.set()
+        for t in hs:
+            t.join()
+    assert not problems, problems[:10]
+    wait_converged(wires)
+
+
+def test_reads_through_a_primary_stopped_and_replaced(start_role, tmp_path):
+    """Retryable $inc writes (w: majority) through the set while its primary is stopped
+    (SIGSTOP) long enough for an election, then resumed as a secondary; linearizable reads
+    after each acknowledgement see at least that count, and readers on direct connections
+    to every member (the loop's point reads) never see the count go back on one
+    connection."""
+    from pymongo.read_concern import ReadConcern
+    procs, wires, uri = start_set(start_role, tmp_path)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_one({"_id": 0, "n": 0})
+    stop = threading.Event()
+    problems = []
+    acked = [0]
+    attempted = [0]
+
+    def reader(port, k):
+        last = 0
+        c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                                maxPoolSize=1, serverSelectionTimeoutMS=2000,
+                                socketTimeoutMS=3000)
+        try:
+            while not stop.is_set():
+                try:
+                    d = c.app.c.find_one({"_id": 0})
+                    if d["n"] < last:
+                        problems.append(f"reader {k}@{port}: n went back {last} -> {d['n']}")
+                    last = max(last, d["n"])
+                except (AutoReconnect, ConnectionFailure):
+                    # a timed-out request may leave the connection: a new one promises
+                    # nothing of the old one's reads
+                    last = 0
+                    time.sleep(0.05)
+        finally:
+            c.close()
+
+    def writer():
+        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000, w="majority",
+                                 retryWrites=True, socketTimeoutMS=5000) as c:
+            coll = c.app.c
+            lin = coll.with_options(read_concern=ReadConcern("linearizable"))
+            while not stop.is_set():
+                attempted[0] += 1
+                try:
+                    coll.update_one({"_id": 0}, {"$inc": {"n": 1}})
+                except (AutoReconnect, ConnectionFailure, OperationFailure):
+                    return  # unknown outcome: stop counting exactly
+                acked[0] += 1
+                try:
+                    d = lin.find_one({"_id": 0})
+                except (AutoReconnect, ConnectionFailure, OperationFailure):
+                    continue
+                if d["n"] < acked[0]:
+                    problems.append(f"linearizable read after {acked[0]} acks saw {d['n']}")
+
+    rs = [threading.Thread(target=reader, args=(w, k)) for w in wires for k in range(2)]
+    wt = threading.Thread(target=writer)
+    for t in rs + [wt]:
+        t.start()
+    try:
+        wait_until(lambda: acked[0] > 100 or problems, 60, what="writes")
+        p = primary_index(wires)
+        assert p is not None
+        procs[p].pause()
+        try:
+            wait_until(lambda: primary_index(wires) not in (None, p), 30,
+                       what="another member elected")
+            before = acked[0]
+            wait_until(lambda: acked[0] > before + 100 or not wt.is_alive() or problems, 60,
+                       what="writes on the new primary")
+        finally:
+            procs[p].signal(signal.SIGCONT)
+        before = acked[0]
+        wait_until(lambda: acked[0] > before + 100 or not wt.is_alive() or problems, 60,
+                   what="writes after the old primary resumed")
+    finally:
+        stop.set()
+        wt.join(timeout=60)
+        for t in rs:
+            t.join(timeout=60)
+    assert not problems, problems[:10]
+    docs, _ = wait_converged(wires)
+    n = docs[0]["n"]
+    assert acked[0] <= n <= attempted[0], (acked[0], n, attempted[0])
+    print(f"acknowledged {acked[0]} of {attempted[0]}, final n={n}")
