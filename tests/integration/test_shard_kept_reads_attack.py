@@ -420,3 +420,46 @@ def test_reads_through_a_primary_stopped_and_replaced(start_role, tmp_path):
     n = docs[0]["n"]
     assert acked[0] <= n <= attempted[0], (acked[0], n, attempted[0])
     print(f"acknowledged {acked[0]} of {attempted[0]}, final n={n}")
+
+
+def test_transaction_commits_are_atomic_and_seen_by_loop_reads(start_role, tmp_path):
+    """Transfers between two documents in multi-document transactions (run tentatively on
+    the apply's connection, then applied at commit) while point readers of both documents
+    ($in of two _ids: one read, one snapshot, on the loop) keep transactions open: every
+    read sees the sum unchanged, and a read after a commit is acknowledged sees it."""
+    from conftest import start_one_member_set
+    proc, port = start_one_member_set(start_role, str(tmp_path / "one"))
+    uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
+    with pymongo.MongoClient(uri) as c:
+        c.app.acct.insert_many([{"_id": 1, "b": 100}, {"_id": 2, "b": 0}])
+    taken0 = _counter(proc, TAKEN)
+    stop = threading.Event()
+    problems = []
+
+    def reader(k):
+        with pymongo.MongoClient(uri, maxPoolSize=1) as c:
+            while not stop.is_set():
+                docs = list(c.app.acct.find({"_id": {"$in": [1, 2]}}))
+                if len(docs) != 2 or sum(d["b"] for d in docs) != 100:
+                    problems.append(f"reader {k}: {docs}")
+
+    rs = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+    for t in rs:
+        t.start()
+    try:
+        with pymongo.MongoClient(uri) as c, pymongo.MongoClient(uri, maxPoolSize=1) as chk:
+            coll, ccoll = c.app.acct, chk.app.acct
+            for i in range(1, 101):
+                with c.start_session() as s:
+                    with s.start_transaction():
+                        coll.update_one({"_id": 1}, {"$inc": {"b": -1}}, session=s)
+                        coll.update_one({"_id": 2}, {"$inc": {"b": 1}}, session=s)
+                d = ccoll.find_one({"_id": 2})
+                if d["b"] != i:
+                    problems.append(f"after commit {i} a read saw b={d['b']}")
+    finally:
+        stop.set()
+        for t in rs:
+            t.join()
+    assert not problems, problems[:10]
+    assert _counter(proc, TAKEN) > taken0, "no read took a kept transaction over"
