@@ -498,7 +498,11 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 		/* the read transaction the last read left open (sdb_store_keep_reads): its
 		 * snapshot is the store's newest while nothing committed since it began, and
 		 * its catalog cache was loaded in it; SQLite must still have it open */
-		if (!write && !c->apply && atomic_load(&c->st->commit_epoch) == c->txn_epoch &&
+		/* commits_running first: a commit that is visible (another connection may
+		 * have read it) either still runs or has moved the epoch by the time the
+		 * epoch is read */
+		if (!write && !c->apply && atomic_load(&c->st->commits_running) == 0 &&
+		    atomic_load(&c->st->commit_epoch) == c->txn_epoch &&
 		    !sqlite3_get_autocommit(c->db)) {
 			c->kept = false;
 			c->in_txn = true;
@@ -607,12 +611,15 @@ int sdb_store_commit(sdb_store_conn *c, char *err, size_t errlen)
 			return rc;
 		}
 	}
+	atomic_fetch_add(&c->st->commits_running, 1);
 	rc = store_exec_cached(c, "COMMIT", err, errlen);
 	if (rc) {
+		atomic_fetch_sub(&c->st->commits_running, 1);
 		sdb_store_rollback(c);
 		return rc;
 	}
-	txn_end(c, true);
+	txn_end(c, true); /* moves commit_epoch */
+	atomic_fetch_sub(&c->st->commits_running, 1);
 	return 0;
 }
 
@@ -761,13 +768,18 @@ int sdb_store_apply_commit(sdb_store_conn *c, uint64_t index, char *err, size_t 
 			rc = store_step_done(c, s, err, errlen, "raft_applied");
 		}
 	}
-	if (rc == 0)
+	if (rc == 0) {
+		atomic_fetch_add(&c->st->commits_running, 1);
 		rc = store_exec_cached(c, "COMMIT", err, errlen);
+		if (rc)
+			atomic_fetch_sub(&c->st->commits_running, 1);
+	}
 	if (rc) {
 		sdb_store_apply_rollback(c);
 		return rc;
 	}
-	apply_end(c, true);
+	apply_end(c, true); /* moves commit_epoch */
+	atomic_fetch_sub(&c->st->commits_running, 1);
 	return 0;
 }
 

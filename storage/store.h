@@ -144,6 +144,9 @@ bool sdb_store_conn_idle(const sdb_store_conn *c);
  * committed on the store since that snapshot began. Commits are counted by the store's
  * WAL hook, which runs after each commit of each of its connections, and by the
  * whole-store replace, so a store without its checkpoint thread (no hook) keeps nothing;
+ * the hook runs only after the commit became visible to new readers, so nothing is taken
+ * over either while a COMMIT of sdb_store_commit or sdb_store_apply_commit runs (another
+ * connection may already have read its writes);
  * writes by another process are not counted (a data directory is one process's: the
  * role's stripedb.lock). Any other use of c ends the kept transaction first: a write or
  * apply transaction, a statement outside a transaction, a copy, check or sync. The

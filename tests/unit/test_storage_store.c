@@ -8,6 +8,7 @@
 #include "../../storage/store.c"
 #include "../../storage/query.c"
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -1152,6 +1153,111 @@ static void test_kept_read_only_when_sqlite_still_holds_it(void **state)
 	sdb_store_conn_close(r);
 }
 
+/* A VFS shim (the default VFS's files, with xShmLock wrapped): on a thread that asks for
+ * it, the release of the WAL write lock at the end of a commit sleeps, which holds the
+ * committing thread between the moment its commit became visible to new readers (the
+ * wal-index header was written before) and the WAL hook SQLite calls after the commit
+ * statement ends (checkpoint.c ckpt_hook, which moves the commit epoch). */
+static sqlite3_vfs *slow_orig;
+static sqlite3_vfs slow_vfs;
+static sqlite3_io_methods slow_methods;
+static const sqlite3_io_methods *slow_orig_methods;
+static _Thread_local bool slow_unlock;
+static atomic_int slow_in_window;
+
+static int slow_shm_lock(sqlite3_file *f, int ofst, int n, int flags)
+{
+	int rc = slow_orig_methods->xShmLock(f, ofst, n, flags);
+	if (slow_unlock && ofst == 0 && n == 1 &&
+	    flags == (SQLITE_SHM_UNLOCK | SQLITE_SHM_EXCLUSIVE)) {
+		slow_unlock = false;
+		atomic_store(&slow_in_window, 1);
+		usleep(300 * 1000);
+	}
+	return rc;
+}
+
+static int slow_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags, int *out)
+{
+	(void)vfs;
+	int rc = slow_orig->xOpen(slow_orig, name, f, flags, out);
+	if (rc == SQLITE_OK && f->pMethods && f->pMethods->iVersion >= 2) {
+		if (!slow_orig_methods) {
+			slow_orig_methods = f->pMethods;
+			slow_methods = *f->pMethods;
+			slow_methods.xShmLock = slow_shm_lock;
+		}
+		if (f->pMethods == slow_orig_methods)
+			f->pMethods = &slow_methods;
+	}
+	return rc;
+}
+
+typedef struct slow_writer {
+	fx *f;
+	sdb_store_conn *w;
+	int rc;
+} slow_writer;
+
+static void *slow_writer_main(void *arg)
+{
+	slow_writer *sw = arg;
+	char err[256];
+	sw->rc = sdb_store_begin(sw->w, true, err, sizeof err);
+	bson_t *d = doc_id_a(2, 2);
+	if (sw->rc == 0)
+		sw->rc = sdb_store_insert(sw->w, "db", "c", d, NULL, NULL, err, sizeof err);
+	bson_destroy(d);
+	slow_unlock = true; /* the commit's release of the write lock sleeps */
+	if (sw->rc == 0)
+		sw->rc = sdb_store_commit(sw->w, err, sizeof err);
+	return NULL;
+}
+
+/* A commit on another thread's connection is visible to new read transactions before its
+ * WAL hook moves the commit epoch. A read that another connection answered with that
+ * commit's write, followed by a read that takes over the kept transaction in that window,
+ * must still see the write (the kept snapshot began before the commit): sdb_store_keep_reads
+ * promises a kept transaction is taken over only while nothing committed since it began. */
+static void test_kept_read_not_taken_over_while_a_commit_is_visible(void **state)
+{
+	fx *f = *state;
+	sdb_store_conn *r = NULL, *p = NULL;
+	slow_writer sw = {.f = f};
+	pthread_t th;
+
+	begin_w(f);
+	assert_int_equal(insert(f, 1, 1, NULL), 0);
+	commit(f);
+	slow_orig = sqlite3_vfs_find(NULL);
+	slow_vfs = *slow_orig;
+	slow_vfs.zName = "sdb-slow-shm-unlock";
+	slow_vfs.xOpen = slow_open;
+	assert_int_equal(sqlite3_vfs_register(&slow_vfs, 1), SQLITE_OK);
+	assert_int_equal(sdb_store_conn_open(f->st, &r, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_conn_open(f->st, &p, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_conn_open(f->st, &sw.w, f->err, sizeof f->err), 0);
+	sqlite3_vfs_unregister(&slow_vfs); /* the connections keep it; no one else gets it */
+	sdb_store_keep_reads(r, true);
+	assert_int_equal(read_count(f, r), 1);
+	assert_true(r->kept);
+	atomic_store(&slow_in_window, 0);
+	assert_int_equal(pthread_create(&th, NULL, slow_writer_main, &sw), 0);
+	for (int i = 0; i < 2000 && !atomic_load(&slow_in_window); i++)
+		usleep(1000);
+	assert_true(atomic_load(&slow_in_window));
+	/* the commit is visible: another connection's new read sees it */
+	assert_int_equal(read_count(f, p), 2);
+	/* so must this read, sent after that one was answered */
+	int64_t n = read_count(f, r);
+	pthread_join(th, NULL);
+	assert_int_equal(sw.rc, 0);
+	sdb_store_conn_close(sw.w);
+	sdb_store_conn_close(p);
+	sdb_store_conn_close(r);
+	assert_int_equal(n, 2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1185,6 +1291,8 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_kept_read_only_when_sqlite_still_holds_it, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(test_kept_read_not_taken_over_while_a_commit_is_visible,
+						setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
