@@ -150,6 +150,7 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 	char *conv = NULL; /* the copy rewritten at this store's page size, if it differed */
 	int rc = SDB_EIO;
 	int64_t gen_before, keyenc = 0;
+	bool writing = false; /* counted in commits_running (store_int.h) */
 
 	store_release_kept(c); /* the catalog generation below is the newest */
 	gen_before = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
@@ -207,6 +208,9 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 		}
 	}
 	pthread_mutex_lock(&c->st->write_mu);
+	/* as a COMMIT: what the backup writes is visible before the epoch moves (below) */
+	atomic_fetch_add(&c->st->commits_running, 1);
+	writing = true;
 	store_stmt_forget_all(c);
 	bk = sqlite3_backup_init(c->db, "main", src, "main");
 	if (!bk) {
@@ -268,6 +272,8 @@ out:
 	/* whatever the backup wrote, a read transaction kept open on another connection
 	 * (sdb_store_keep_reads) must not outlive it */
 	atomic_fetch_add(&c->st->commit_epoch, 1);
+	if (writing)
+		atomic_fetch_sub(&c->st->commits_running, 1);
 	sqlite3_close(src);
 	if (conv) {
 		unlink(conv);
