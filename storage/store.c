@@ -497,8 +497,8 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 	if (c->kept) {
 		/* the read transaction the last read left open (sdb_store_keep_reads): its
 		 * snapshot is the store's newest while nothing committed since it began, and
-		 * its catalog cache was loaded in it; SQLite must still have it open */
-		/* commits_running first: a commit that is visible (another connection may
+		 * its catalog cache was loaded in it; SQLite must still have it open.
+		 * commits_running first: a commit that is visible (another connection may
 		 * have read it) either still runs or has moved the epoch by the time the
 		 * epoch is read */
 		if (!write && !c->apply && atomic_load(&c->st->commits_running) == 0 &&
@@ -646,8 +646,9 @@ void sdb_store_rollback(sdb_store_conn *c)
 	}
 	if (c->keep_reads && !c->write && !c->ddl && !c->cache_touched && c->savepoints == 0 &&
 	    c->st->ckpt != NULL && !sqlite3_get_autocommit(c->db)) {
-		/* a read: left open for the next (sdb_store_keep_reads); the epoch is moved
-		 * only by the WAL hook, which a store without its checkpoint thread lacks */
+		/* a read: left open for the next (sdb_store_keep_reads); only on a store
+		 * with its checkpoint thread, whose WAL hook moves the epoch after every
+		 * commit of every connection, those outside sdb_store_commit too */
 		c->kept = true;
 		txn_end(c, false);
 		return;

@@ -21,17 +21,8 @@ import time
 import pymongo
 from pymongo.errors import AutoReconnect, ConnectionFailure, OperationFailure
 
-from conftest import http_get, wait_until
-from test_shard_replset import direct, primary_index, start_set, wait_converged
-
-
-def _counter(proc, name):
-    st, body = http_get(proc.http_port, "/metrics")
-    assert st == 200
-    for line in body.decode().splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
+from conftest import metric_counter as _counter, wait_until
+from test_shard_replset import primary_index, start_set, wait_converged
 
 
 TAKEN = "stripedb_shard_read_txns_taken_over_total"
