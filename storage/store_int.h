@@ -81,11 +81,12 @@ struct sdb_store {
 	 * transaction kept open (sdb_store_keep_reads) is taken over only while this has not
 	 * moved since it began. */
 	_Atomic uint64_t commit_epoch;
-	/* COMMITs running on the store's connections (sdb_store_commit, apply_commit): from
-	 * before the commit can become visible to new readers until after it moved
-	 * commit_epoch. The WAL hook moves the epoch only after the commit is visible (and
-	 * its write lock released), so a kept transaction is not taken over while one runs:
-	 * another connection may already have read what it wrote. */
+	/* COMMITs running on the store's connections (sdb_store_commit, apply_commit, and
+	 * sdb_store_replace_from's backup): from before the commit can become visible to new
+	 * readers until after it moved commit_epoch. The WAL hook moves the epoch only after
+	 * the commit is visible (and its write lock released), so a kept transaction is not
+	 * taken over while one runs: another connection may already have read what it
+	 * wrote. */
 	_Atomic uint64_t commits_running;
 	_Atomic uint64_t reads_taken_over; /* reads that took a kept transaction over */
 	int64_t oplog_bytes;           /* bytes in the oplog table (under write_mu) */
