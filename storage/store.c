@@ -490,6 +490,18 @@ void sdb_store_conn_close(sdb_store_conn *c)
 
 /* ------------------------------------------------------------------ transactions */
 
+/* c's state for a transaction it just opened, or took over (a kept read) */
+static void txn_opened(sdb_store_conn *c, bool write)
+{
+	c->in_txn = true;
+	c->write = write;
+	c->pending_oplog_bytes = 0;
+	c->pending_ts = 0;
+	c->ddl = false;
+	c->cache_touched = false;
+	c->savepoints = 0;
+}
+
 int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 {
 	if (c->in_txn)
@@ -505,13 +517,7 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 		    atomic_load(&c->st->commit_epoch) == c->txn_epoch &&
 		    !sqlite3_get_autocommit(c->db)) {
 			c->kept = false;
-			c->in_txn = true;
-			c->write = false;
-			c->pending_oplog_bytes = 0;
-			c->pending_ts = 0;
-			c->ddl = false;
-			c->cache_touched = false;
-			c->savepoints = 0;
+			txn_opened(c, false);
 			atomic_fetch_add_explicit(&c->st->reads_taken_over, 1, memory_order_relaxed);
 			return 0;
 		}
@@ -550,13 +556,7 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 			pthread_mutex_unlock(&c->st->write_mu);
 		return sqlite3_errcode(c->db) == SQLITE_BUSY ? SDB_EBUSY : rc;
 	}
-	c->in_txn = true;
-	c->write = write;
-	c->pending_oplog_bytes = 0;
-	c->pending_ts = 0;
-	c->ddl = false;
-	c->cache_touched = false;
-	c->savepoints = 0;
+	txn_opened(c, write);
 	/* The first read fixes the snapshot; the catalog is read in it. */
 	rc = store_cache_load(c, err, errlen);
 	if (rc) {
