@@ -7,12 +7,14 @@ a test fails.
 
 Set STRIPEDB_TEST_KEEP_LOGS=1 to keep the tmp dirs for debugging.
 """
+import contextlib
 import os
 import re
 import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -190,6 +192,22 @@ def http_get(port, path, timeout=5.0):
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+@contextlib.contextmanager
+def threads_running(stop, target, args_list, join_timeout=60):
+    """Run target(*args) on a thread for each args of args_list during the with block (it
+    yields the threads); at its end, error or not, set stop (the threading.Event the
+    targets poll) and join them (join_timeout s each)."""
+    threads = [threading.Thread(target=target, args=tuple(a)) for a in args_list]
+    for t in threads:
+        t.start()
+    try:
+        yield threads
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=join_timeout)
 
 
 def metric_counter(proc, name):

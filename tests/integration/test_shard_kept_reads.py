@@ -10,7 +10,7 @@ import threading
 
 import pymongo
 
-from conftest import metric_counter as _counter
+from conftest import metric_counter as _counter, threads_running
 
 
 def test_reads_see_every_write_acknowledged_before_them(shard):
@@ -40,11 +40,8 @@ def test_reads_see_every_write_acknowledged_before_them(shard):
                 seen_max[k] = max(seen_max[k], last)
                 rc.find_one({"_id": rng.randrange(1, 200)})
 
-    threads = [threading.Thread(target=reader, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
     acked = 0
-    try:
+    with threads_running(stop, reader, [(k,) for k in range(6)]):
         with pymongo.MongoClient(uri) as wc, pymongo.MongoClient(uri, maxPoolSize=1) as cc:
             w, chk = wc.keptreads.c, cc.keptreads.c
             for i in range(1, 301):
@@ -61,10 +58,6 @@ def test_reads_see_every_write_acknowledged_before_them(shard):
                     w.delete_one({"_id": 1000 + i - 25})
                     if chk.find_one({"_id": 1000 + i - 25}) is not None:
                         problems.append(f"acknowledged delete of {1000 + i - 25} not seen")
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
     assert not problems, problems[:10]
     assert acked == 300
     assert max(seen_max) <= 300

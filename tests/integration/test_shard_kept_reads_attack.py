@@ -21,7 +21,7 @@ import time
 import pymongo
 from pymongo.errors import AutoReconnect, ConnectionFailure, OperationFailure
 
-from conftest import metric_counter as _counter, wait_until
+from conftest import metric_counter as _counter, threads_running, wait_until
 from test_shard_replset import primary_index, start_set, wait_converged
 
 
@@ -55,16 +55,11 @@ def test_an_idle_shard_holds_no_read_snapshot(shard, tmp_path):
                 c.idle.c.find_one({"_id": (k * 7 + n) % 100})
                 n += 1
 
-    threads = [threading.Thread(target=reader, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    with pymongo.MongoClient(uri) as w:
+    with threads_running(stop, reader, [(k,) for k in range(6)]), \
+            pymongo.MongoClient(uri) as w:
         for i in range(40):
             w.idle.c.update_one({"_id": i}, {"$set": {"v": i}})
             time.sleep(0.02)
-    stop.set()
-    for t in threads:
-        t.join()
     assert _counter(proc, TAKEN) > taken0, "no read took a kept transaction over"
     # the shard is idle now (its clients closed): nothing may hold a snapshot. The
     # shard's own checkpoint thread may be running: retry for a while.
@@ -237,10 +232,7 @@ def test_causal_reads_on_secondaries_see_the_session_writes(start_role, tmp_path
                 c.app.c.find_one({"_id": (k * 11 + n) % 50})
                 n += 1
 
-    hs = [threading.Thread(target=hammer, args=(wires[s], k)) for s in sec for k in range(2)]
-    for t in hs:
-        t.start()
-    try:
+    with threads_running(stop, hammer, [(wires[s], k) for s in sec for k in range(2)]):
         with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000,
                                  readPreference="secondary") as c:
             coll = c.app.c
@@ -257,10 +249,6 @@ def test_causal_reads_on_secondaries_see_the_session_writes(start_role, tmp_path
                         coll.delete_one({"_id": 1000 + i - 5}, session=s)
                         if coll.find_one({"_id": 1000 + i - 5}, session=s) is not None:
                             problems.append(f"after delete of {1000 + i - 5} still read it")
-    finally:
-        stop.set()
-        for t in hs:
-            t.join()
     assert not problems, problems[:10]
     moved = [_counter(procs[i], TAKEN) - t0 for i, t0 in zip(sec, taken0)]
     assert sum(moved) > 0, f"no read took a kept transaction over: {moved}"
@@ -292,10 +280,7 @@ def test_causal_reads_on_secondaries_through_ddl(start_role, tmp_path):
                     problems.append(f"hammer read failed: {e!r}")
                 n += 1
 
-    hs = [threading.Thread(target=hammer, args=(wires[s], k)) for s in sec for k in range(2)]
-    for t in hs:
-        t.start()
-    try:
+    with threads_running(stop, hammer, [(wires[s], k) for s in sec for k in range(2)]):
         with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000,
                                  readPreference="secondary") as c:
             db = c.app
@@ -319,10 +304,6 @@ def test_causal_reads_on_secondaries_through_ddl(start_role, tmp_path):
                     db.create_collection("c", session=s)
                     if db.c.find_one({"_id": 1}, session=s) is not None:
                         problems.append(f"round {r}: recreated collection has a document")
-    finally:
-        stop.set()
-        for t in hs:
-            t.join()
     assert not problems, problems[:10]
     wait_converged(wires)
 
@@ -434,10 +415,7 @@ def test_transaction_commits_are_atomic_and_seen_by_loop_reads(start_role, tmp_p
                 if len(docs) != 2 or sum(d["b"] for d in docs) != 100:
                     problems.append(f"reader {k}: {docs}")
 
-    rs = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
-    for t in rs:
-        t.start()
-    try:
+    with threads_running(stop, reader, [(k,) for k in range(4)]):
         with pymongo.MongoClient(uri) as c, pymongo.MongoClient(uri, maxPoolSize=1) as chk:
             coll, ccoll = c.app.acct, chk.app.acct
             for i in range(1, 101):
@@ -448,9 +426,5 @@ def test_transaction_commits_are_atomic_and_seen_by_loop_reads(start_role, tmp_p
                 d = ccoll.find_one({"_id": 2})
                 if d["b"] != i:
                     problems.append(f"after commit {i} a read saw b={d['b']}")
-    finally:
-        stop.set()
-        for t in rs:
-            t.join()
     assert not problems, problems[:10]
     assert _counter(proc, TAKEN) > taken0, "no read took a kept transaction over"
