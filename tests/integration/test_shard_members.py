@@ -30,10 +30,12 @@ def status(port):
         return c.admin.command("replSetGetStatus")
 
 
-def write_acked(uri, ids):
-    """Insert documents {_id: i}; return the ids whose insert was acknowledged."""
+def write_acked(uri, ids, retry=False):
+    """Insert documents {_id: i}; return the ids whose insert was acknowledged (an error
+    fails the test). retry: as retryable writes (lsid/txnNumber, the driver's one retry,
+    applied once), as drivers send by default."""
     acked = []
-    with pymongo.MongoClient(uri, retryWrites=False, serverSelectionTimeoutMS=10000) as c:
+    with pymongo.MongoClient(uri, retryWrites=retry, serverSelectionTimeoutMS=10000) as c:
         for i in ids:
             c.app.c.insert_one({"_id": i, "v": "x" * 32})
             acked.append(i)

@@ -19,8 +19,8 @@ import pytest
 from pymongo.errors import AutoReconnect, ConnectionFailure
 
 from conftest import free_port, wait_until
-from test_shard_members import ctl, members_of, start_joiner, status
-from test_shard_replset import SET, primary_index, start_set
+from test_shard_members import ctl, members_of, start_joiner, status, write_acked
+from test_shard_replset import primary_index, start_set
 
 OLD_BIN = os.environ.get("STRIPEDB_OLD_BIN")
 
@@ -200,16 +200,9 @@ def _add_and_catch_up(start_role, tmp_path, wires, uri, joiner_4k):
 
 
 def _write_acked(uri, ids):
-    """Insert {_id: i} for each i as retryable writes (what drivers send by default: a
-    primary that steps down under the load of four members on two cores answers 11602,
-    and the driver's one retry is applied once, lsid/txnNumber); return the ids
-    acknowledged (an error fails the test)."""
-    acked = []
-    with pymongo.MongoClient(uri, retryWrites=True, serverSelectionTimeoutMS=10000) as c:
-        for i in ids:
-            c.app.c.insert_one({"_id": i, "v": "x" * 32})
-            acked.append(i)
-    return acked
+    """write_acked as retryable writes: a primary that steps down under the load of four
+    members on two cores answers 11602, and the driver's one retry is applied once."""
+    return write_acked(uri, ids, retry=True)
 
 
 def _seed(uri):
