@@ -188,7 +188,10 @@ static void slots_forget(stmt_slot *slots, int n)
 void store_stmt_forget_all(sdb_store_conn *c)
 {
 	slots_forget(c->stmts, STORE_STMT_CACHE);
-	slots_forget(c->scan_idle, STORE_SCAN_IDLE);
+	for (int i = 0; i < STORE_SCAN_IDLE; i++) {
+		sqlite3_finalize(c->scan_idle[i].stmt);
+		c->scan_idle[i].stmt = NULL;
+	}
 }
 
 int store_exec_cached(sdb_store_conn *c, const char *sql, char *err, size_t errlen)

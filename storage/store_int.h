@@ -99,6 +99,20 @@ typedef struct stmt_slot {
 	sqlite3_stmt *stmt;
 } stmt_slot;
 
+/* What a scan statement's SQL depends on (scan.c builds the text from it): the collection's
+ * table, the index's table (0: a collection scan), and the shape bits SCAN_* (which bounds
+ * are bound, inclusive or not, and the direction). Equal keys mean equal SQL. */
+typedef struct scan_key {
+	int64_t tbl, ix_tbl;
+	unsigned shape;
+} scan_key;
+
+/* An idle scan statement (reset, unbound) and its key; stmt NULL: a free slot. */
+typedef struct scan_slot {
+	scan_key key;
+	sqlite3_stmt *stmt;
+} scan_slot;
+
 struct sdb_store_conn {
 	sdb_store *st;
 	sqlite3 *db;
@@ -107,7 +121,7 @@ struct sdb_store_conn {
 	/* scan statements of closed cursors, reset, for the next cursor with the same SQL:
 	 * preparing one was 15% of a shard's CPU on point reads (perf, YCSB C). Not in stmts:
 	 * a cursor's statement is its own while it is open (several can be open at once). */
-	stmt_slot scan_idle[STORE_SCAN_IDLE];
+	scan_slot scan_idle[STORE_SCAN_IDLE];
 	unsigned scan_next; /* round-robin eviction */
 	bool in_txn, write;
 	/* sdb_store_keep_reads: a read transaction ended by sdb_store_rollback stays open
