@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/fieldscan.h"
 
 /* bson type names for the TypeMismatch messages */
 static const char *type_name(bson_type_t t)
@@ -167,28 +168,39 @@ void ct_append_signed(bson_t *doc, uint64_t cluster_time, const uint8_t *hash)
 	bson_append_document_end(doc, &ct);
 }
 
+/* Which of $clusterTime (bit 0) and operationTime (bit 1) reply has: one pass over it
+ * (two lookups walked it twice: ~0.5% of a shard's point read, issue #19). */
+static uint64_t ct_reply_has(const bson_t *reply)
+{
+	static const char *const names[] = {"$clusterTime", "operationTime"};
+	uint64_t found = 0;
+
+	(void)sdb_bson_find_fields(reply, names, 2, &found, NULL); /* cannot fail: n = 2 */
+	return found;
+}
+
 void ct_append(bson_t *reply, uint64_t cluster_time, uint64_t op_time, const uint8_t *secret)
 {
-	bson_iter_t it;
+	uint64_t has = ct_reply_has(reply);
 
-	if (!bson_iter_init_find(&it, reply, "$clusterTime")) {
+	if (!(has & SDB_FIELD_BIT(0))) {
 		uint8_t hash[CT_HASH_LEN] = {0};
 		if (secret)
 			ct_sign(secret, cluster_time, hash);
 		ct_append_signed(reply, cluster_time, secret ? hash : NULL);
 	}
-	if (!bson_iter_init_find(&it, reply, "operationTime"))
+	if (!(has & SDB_FIELD_BIT(1)))
 		BSON_APPEND_TIMESTAMP(reply, "operationTime", (uint32_t)(op_time >> 32),
 				      (uint32_t)op_time);
 }
 
 void ct_append_doc(bson_t *reply, const bson_t *ct_doc, uint64_t op_time)
 {
-	bson_iter_t it;
+	uint64_t has = ct_reply_has(reply);
 
-	if (!bson_iter_init_find(&it, reply, "$clusterTime"))
+	if (!(has & SDB_FIELD_BIT(0)))
 		bson_concat(reply, ct_doc);
-	if (!bson_iter_init_find(&it, reply, "operationTime"))
+	if (!(has & SDB_FIELD_BIT(1)))
 		BSON_APPEND_TIMESTAMP(reply, "operationTime", (uint32_t)(op_time >> 32),
 				      (uint32_t)op_time);
 }

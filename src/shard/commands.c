@@ -240,13 +240,13 @@ static bool read_inline_candidate(wire_req *req)
 
 	if (strcmp(wire_req_name(req), "find") != 0 || cmd->len > INLINE_MAX_CMD_BYTES)
 		return false;
-	if (bson_iter_init_find(&it, cmd, "hint") || bson_iter_init_find(&it, cmd, "let"))
+	if (wire_req_cmd_find(req, "hint", &it) || wire_req_cmd_find(req, "let", &it))
 		return false;
-	if (bson_iter_init_find(&it, cmd, "projection") &&
+	if (wire_req_cmd_find(req, "projection", &it) &&
 	    (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &f) ||
 	     !projection_plain(&f)))
 		return false;
-	if (!bson_iter_init_find(&it, cmd, "filter") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+	if (!wire_req_cmd_find(req, "filter", &it) || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
 	    !bson_iter_recurse(&it, &f) || !bson_iter_find(&f, "_id"))
 		return false;
 	return bson_iter_recurse(&it, &f) && !filter_has_expr(&f);
@@ -440,7 +440,7 @@ int shard_collation_set(shard_ctx *x, const char *coll, const bson_t *holder)
 	bson_iter_t it;
 	int code = 0;
 
-	if (holder && bson_iter_init_find(&it, holder, "collation")) {
+	if (holder && util_cmd_find(x->req, holder, "collation", &it)) {
 		if (sdb_collation_parse(&it, &c, &code, x->err, sizeof x->err) != 0)
 			return code ? code : WIRE_ERR_BAD_VALUE;
 	} else if (coll && sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) == 0 && co &&
@@ -484,7 +484,7 @@ static bool coll_uuid_check(shard_ctx *x, const char *coll)
 	const char *actual = NULL;
 	bool ok;
 
-	if (!bson_iter_init_find(&it, x->cmd, "collectionUUID"))
+	if (!util_ctx_find(x, "collectionUUID", &it))
 		return true;
 	/* cmdopts.c refuses another type; refused here too, so that a command without that
 	 * type rule never runs unchecked (review: drop ran with collectionUUID: "x") */

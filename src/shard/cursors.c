@@ -10,6 +10,7 @@
 #include "common/alloc.h"
 #include "shard/changestream.h"
 #include "shard/shard.h"
+#include "shard/util.h"
 #include "storage/collation.h"
 #include "storage/projection.h"
 #include "storage/query.h"
@@ -205,10 +206,10 @@ size_t shard_batch_fit(bson_t **docs, size_t n, size_t batch)
 	return k;
 }
 
-void shard_sessions_note(shard *sh, const bson_t *cmd)
+void shard_sessions_note(shard *sh, const wire_req *req, const bson_t *cmd)
 {
 	bson_iter_t it, sub;
-	if (!bson_iter_init_find(&it, cmd, "lsid") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+	if (!util_cmd_find(req, cmd, "lsid", &it) || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
 	    !bson_iter_recurse(&it, &sub) || !bson_iter_find(&sub, "id") ||
 	    !BSON_ITER_HOLDS_BINARY(&sub))
 		return;

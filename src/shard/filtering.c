@@ -411,7 +411,7 @@ bool shard_filtering_parse(shard_ctx *x)
 	bool have_c = false, have_s = false, ok;
 	char ns[512];
 
-	if (!bson_iter_init_find(&it, x->cmd, "$stripedbShardVersion"))
+	if (!util_ctx_find(x, "$stripedbShardVersion", &it))
 		return true;
 	ok = BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &sub);
 	while (ok && bson_iter_next(&sub)) {

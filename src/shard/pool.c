@@ -26,14 +26,14 @@
 static bool ctx_parse_ext(shard_ctx *x)
 {
 	bson_iter_t it, sub;
-	if (bson_iter_init_find(&it, x->cmd, "$stripedbOrigin")) {
+	if (util_ctx_find(x, "$stripedbOrigin", &it)) {
 		if (!BSON_ITER_HOLDS_UTF8(&it)) {
 			shard_fail(x, WIRE_ERR_BAD_VALUE, "$stripedbOrigin must be a string");
 			return false;
 		}
 		x->origin = bson_iter_utf8(&it, NULL);
 	}
-	if (bson_iter_init_find(&it, x->cmd, "$stripedbVersion")) {
+	if (util_ctx_find(x, "$stripedbVersion", &it)) {
 		bool ok = BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &sub);
 		bool have_chunk = false, have_token = false;
 		while (ok && bson_iter_next(&sub)) {
@@ -62,7 +62,7 @@ static bool ctx_parse_let(shard_ctx *x)
 	bson_iter_t it;
 	int code = 0;
 
-	if (!bson_iter_init_find(&it, x->cmd, "let"))
+	if (!util_ctx_find(x, "let", &it))
 		return true;
 	if (sdb_let_parse(&it, NULL, "let", &x->let, &code, x->err, sizeof x->err) != 0) {
 		bson_destroy(&x->let);
@@ -130,7 +130,7 @@ static uint64_t req_deadline(wire_req *req, const bson_t *cmd)
 	int64_t ms;
 
 	if (strcmp(wire_req_name(req), "getMore") == 0 ||
-	    !bson_iter_init_find(&it, cmd, "maxTimeMS") || !BSON_ITER_HOLDS_NUMBER(&it))
+	    !util_cmd_find(req, cmd, "maxTimeMS", &it) || !BSON_ITER_HOLDS_NUMBER(&it))
 		return 0;
 	ms = bson_iter_as_int64(&it);
 	if (ms <= 0 || ms > INT32_MAX)
@@ -167,7 +167,7 @@ static void *worker_main(void *arg)
 		shard_ctx x;
 		shard_ctx_init(&x, sh, wa->conn, job->req);
 		x.resume = job->resume;
-		shard_sessions_note(sh, x.cmd);
+		shard_sessions_note(sh, x.req, x.cmd);
 		if (!job->resume && shard_txn_fail_point(&x))
 			; /* answered by the onPrimaryTransactionalWrite test fail point */
 		else if (job->replicate) {
@@ -304,7 +304,7 @@ void shard_pool_run_inline(shard *sh, shard_cmd_fn fn, wire_req *req)
 	shard_ctx_init(&x, sh, conn, req);
 	x.inline_run = true;
 	int32_t opid = wire_req_opid(req);
-	shard_sessions_note(sh, x.cmd);
+	shard_sessions_note(sh, x.req, x.cmd);
 	/* as on a worker: killOp and maxTimeMS (a read resumed after it waited for
 	 * afterClusterTime or a linearizable barrier may already be past it); cleared
 	 * before the loop thread goes on (an apply must not see it) */
@@ -342,7 +342,7 @@ void shard_pool_submit_write(shard *sh, wire_req *req)
 	/* the checks only parse the command: run here, as the worker would, with no store
 	 * connection (x.conn NULL: nothing to roll back) */
 	shard_ctx_init(&x, sh, NULL, req);
-	shard_sessions_note(sh, x.cmd);
+	shard_sessions_note(sh, x.req, x.cmd);
 	if (ctx_parse_ext(&x) && !shard_txn_refuse_fields(&x) && shard_filtering_precheck(&x))
 		shard_repl_submit(sh->repl, req); /* run by the apply */
 }

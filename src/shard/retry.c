@@ -29,11 +29,11 @@
 bool shard_txn_refuse_fields(shard_ctx *x)
 {
 	bson_iter_t it;
-	if (bson_iter_init_find(&it, x->cmd, "startTransaction")) {
+	if (util_ctx_find(x, "startTransaction", &it)) {
 		shard_fail(x, WIRE_ERR_ILLEGAL_OPERATION, ERR_TXN_REFUSED_FMT, "startTransaction");
 		return true;
 	}
-	if (bson_iter_init_find(&it, x->cmd, "autocommit")) {
+	if (util_ctx_find(x, "autocommit", &it)) {
 		shard_fail(x, WIRE_ERR_ILLEGAL_OPERATION, ERR_TXN_REFUSED_FMT,
 			   "a command with autocommit");
 		return true;

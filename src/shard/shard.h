@@ -385,8 +385,9 @@ void shard_cursor_reply(bson_t *reply, const char *ns, int64_t id, bool first, b
 size_t shard_batch_fit(bson_t **docs, size_t n, size_t batch);
 
 /* --- sessions (cursors.c): logical session ids seen in commands ($listLocalSessions) --- */
-/* Note the command's lsid (if any). Any thread. */
-void shard_sessions_note(shard *sh, const bson_t *cmd);
+/* Note the lsid (if any) of cmd, req's command or another (util_cmd_find; req may be
+ * NULL). Any thread. */
+void shard_sessions_note(shard *sh, const wire_req *req, const bson_t *cmd);
 /* The sessions as $listLocalSessions documents {_id: {id, uid}, lastUse} (heap array of
  * heap documents; free with util_docs_free). */
 void shard_sessions_list(shard *sh, bson_t ***docs, size_t *n);

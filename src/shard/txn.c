@@ -1178,8 +1178,8 @@ bool shard_txn_wants(wire_req *req)
 	bson_iter_t it;
 	if (strcmp(name, "commitTransaction") == 0 || strcmp(name, "abortTransaction") == 0)
 		return true;
-	return bson_iter_init_find(&it, wire_req_cmd(req), "autocommit") ||
-	       bson_iter_init_find(&it, wire_req_cmd(req), "startTransaction");
+	return wire_req_cmd_find(req, "autocommit", &it) ||
+	       wire_req_cmd_find(req, "startTransaction", &it);
 }
 
 void shard_txn_dispatch(shard *sh, wire_req *req)
@@ -1187,7 +1187,7 @@ void shard_txn_dispatch(shard *sh, wire_req *req)
 	shard_txns *T = txn_table(sh);
 	const char *name = wire_req_name(req);
 	txn_args a;
-	shard_sessions_note(sh, wire_req_cmd(req)); /* $listLocalSessions */
+	shard_sessions_note(sh, req, wire_req_cmd(req)); /* $listLocalSessions */
 	if (!T || !parse_args(req, &a))
 		return T ? (void)0
 			 : wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,

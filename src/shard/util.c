@@ -6,6 +6,18 @@
 #include "shard/util.h"
 #include "common/bsonval.h"
 
+bool util_cmd_find(const wire_req *req, const bson_t *cmd, const char *name, bson_iter_t *it)
+{
+	if (req != NULL && cmd == wire_req_cmd(req))
+		return wire_req_cmd_find(req, name, it);
+	return bson_iter_init_find(it, cmd, name);
+}
+
+bool util_ctx_find(const shard_ctx *x, const char *name, bson_iter_t *it)
+{
+	return util_cmd_find(x->req, x->cmd, name, it);
+}
+
 bool util_token(const bson_iter_t *it, int64_t *out)
 {
 	return sdb_bson_as_int64(it, out);

@@ -36,6 +36,13 @@ bool util_iter_bson(const bson_iter_t *it, bson_t *out);
  * array at it, as util_iter_bson reads it. False, *out unchanged, when that fails. */
 bool util_iter_copy(const bson_iter_t *it, bson_t *out);
 
+/* The top-level field name of cmd: bson_iter_init_find(it, cmd, name), answered from
+ * req's index of its command's keys (wire_req_cmd_find) when cmd is that command, so the
+ * lookup does not walk it; req may be NULL. Returns whether the field is there. */
+bool util_cmd_find(const wire_req *req, const bson_t *cmd, const char *name, bson_iter_t *it);
+/* util_cmd_find of x's command (x->cmd, x->req). */
+bool util_ctx_find(const shard_ctx *x, const char *name, bson_iter_t *it);
+
 /* Arrays of heap documents (bson_new/bson_copy). */
 void util_docs_push(bson_t ***docs, size_t *n, size_t *cap, bson_t *d);
 void util_docs_free(bson_t **docs, size_t n);

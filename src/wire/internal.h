@@ -82,6 +82,10 @@ struct wire_conn {
 	wire_exhaust *exhaust;      /* a legacy exhaust cursor's next getMore, or NULL */
 };
 
+/* The most top-level keys of a command wire_req_cmd_find indexes (a driver's find or
+ * update has 6-10: the command, its arguments, $db, lsid, $clusterTime, txnNumber, ...). */
+#define WIRE_REQ_KEYS 24
+
 struct wire_req {
 	wire_server *srv;
 	wire_conn *conn;
@@ -123,7 +127,19 @@ struct wire_req {
 	/* detached requests (wire_req_detached_on_done) */
 	void (*detached_done)(void *arg, wire_req *req);
 	void *detached_arg;
+	/* the command's top-level keys, indexed once cmd is whole (wire__req_index_cmd) for
+	 * wire_req_cmd_find: key i's element begins at byte key_off[i] of cmd and its key is
+	 * key_len[i] bytes. keys_indexed false: not indexed (not yet, or more than
+	 * WIRE_REQ_KEYS keys), and lookups walk cmd. */
+	bool keys_indexed;
+	uint8_t n_keys;
+	uint16_t key_len[WIRE_REQ_KEYS];
+	uint32_t key_off[WIRE_REQ_KEYS];
 };
+
+/* Index req->cmd's top-level keys for wire_req_cmd_find. Call once req->cmd is whole and
+ * before it can be looked at from another thread; cmd must not change afterwards. */
+void wire__req_index_cmd(wire_req *req);
 
 enum wire_srv_state { WIRE_SRV_RUNNING = 0, WIRE_SRV_DRAINING, WIRE_SRV_CLOSING };
 

@@ -3,6 +3,7 @@
  * The connections, the loop and the completion path are in server.c. */
 #include <assert.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,7 @@ wire_req *wire_req_detached_new(const char *db, const bson_t *cmd)
 	bson_iter_t it;
 
 	req->cmd = bson_copy(cmd);
+	wire__req_index_cmd(req);
 	req->db = sdb_strdup(db);
 	req->name = sdb_strdup(bson_iter_init(&it, cmd) && bson_iter_next(&it)
 				       ? bson_iter_key(&it)
@@ -165,6 +167,43 @@ void wire_req_detached_free(wire_req *req)
 const bson_t *wire_req_cmd(const wire_req *req)
 {
 	return req->cmd;
+}
+
+void wire__req_index_cmd(wire_req *req)
+{
+	bson_iter_t it;
+	uint8_t n = 0;
+
+	req->keys_indexed = false;
+	if (!bson_iter_init(&it, req->cmd))
+		return;
+	while (bson_iter_next(&it)) {
+		uint32_t klen = bson_iter_key_len(&it);
+		if (n == WIRE_REQ_KEYS || klen > UINT16_MAX)
+			return; /* too many, or a key too long: lookups walk the command */
+		req->key_off[n] = bson_iter_offset(&it);
+		req->key_len[n] = (uint16_t)klen;
+		n++;
+	}
+	/* a command whose bytes end early indexes the keys before that point, where
+	 * bson_iter_init_find stops too */
+	req->n_keys = n;
+	req->keys_indexed = true;
+}
+
+bool wire_req_cmd_find(const wire_req *req, const char *name, bson_iter_t *it)
+{
+	if (!req->keys_indexed)
+		return bson_iter_init_find(it, req->cmd, name);
+	size_t len = strlen(name);
+	const uint8_t *data = bson_get_data(req->cmd);
+	for (uint8_t i = 0; i < req->n_keys; i++) {
+		/* the element: its type byte, then its key */
+		if (req->key_len[i] == len && memcmp(data + req->key_off[i] + 1, name, len) == 0)
+			return bson_iter_init_from_data_at_offset(it, data, req->cmd->len,
+								  req->key_off[i], (uint32_t)len);
+	}
+	return false;
 }
 
 const char *wire_req_name(const wire_req *req)

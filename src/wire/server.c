@@ -826,7 +826,8 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 			return;
 		}
 	} else {
-		if (!bson_iter_init_find(&it, req->cmd, "$db") || !BSON_ITER_HOLDS_UTF8(&it) ||
+		wire__req_index_cmd(req);
+		if (!wire_req_cmd_find(req, "$db", &it) || !BSON_ITER_HOLDS_UTF8(&it) ||
 		    bson_iter_utf8(&it, NULL)[0] == '\0') {
 			wire_req_error(req, WIRE_ERR_BAD_VALUE,
 				       "OP_MSG requests require a $db argument");
@@ -847,6 +848,8 @@ static void req_dispatch(wire_req *req)
 	char err[256];
 	int code;
 
+	if (!req->keys_indexed) /* handle_message's did, when it could */
+		wire__req_index_cmd(req);
 	if (!bson_iter_init(&it, req->cmd) || !bson_iter_next(&it)) {
 		wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND, "no command in an empty document");
 		return;

@@ -226,6 +226,15 @@ void wire_server_close(wire_server *srv, uint64_t timeout_ms, void (*cb)(void *a
 /* The command document. Document sequences (OP_MSG kind 1 sections, e.g. `documents` of
  * insert) are folded into the body as arrays, so handlers see one document. Owned by req. */
 const bson_t *wire_req_cmd(const wire_req *req);
+
+/* Look up the top-level field name of req's command: what
+ * bson_iter_init_find(it, wire_req_cmd(req), name) answers (the first occurrence, the key
+ * compared byte for byte), without walking the command: its keys were indexed when the
+ * request was parsed. A lookup of a field the command does not have walked every field, and
+ * a point read's handlers make ~15 (issue #19). Falls back to the walk for a command with
+ * more keys than the index holds. Thread-safe (the index does not change); *it points into
+ * the command (valid while req is). Returns whether the field is there. */
+bool wire_req_cmd_find(const wire_req *req, const char *name, bson_iter_t *it);
 /* The command name (first key), e.g. "find". */
 const char *wire_req_name(const wire_req *req);
 /* The target database ($db for OP_MSG; from the namespace for OP_QUERY). */

@@ -96,11 +96,42 @@ static void cmd_sleep(wire_req *req, void *data)
 	uv_queue_work(&f->loop, &k->w, sleep_run, sleep_after);
 }
 
+/* Does wire_req_cmd_find answer as bson_iter_init_find on req's command, for each of its
+ * keys and for names it lacks: the same presence, and the same element when present? */
+static bool cmd_find_agrees(const wire_req *req)
+{
+	static const char *const absent[] = {"absent", "", "$d", "$dbx", "documentsX", "e"};
+	const bson_t *cmd = wire_req_cmd(req);
+	bson_iter_t keys, a, b;
+
+	if (!bson_iter_init(&keys, cmd))
+		return false;
+	for (size_t i = 0;; i++) {
+		const char *name;
+		if (bson_iter_next(&keys))
+			name = bson_iter_key(&keys);
+		else if (i - (size_t)bson_count_keys(cmd) < sizeof absent / sizeof absent[0])
+			name = absent[i - (size_t)bson_count_keys(cmd)];
+		else
+			return true;
+		bool fa = wire_req_cmd_find(req, name, &a);
+		bool fb = bson_iter_init_find(&b, cmd, name);
+		if (fa != fb)
+			return false;
+		if (fa && (bson_iter_offset(&a) != bson_iter_offset(&b) ||
+			   bson_iter_type(&a) != bson_iter_type(&b) ||
+			   strcmp(bson_iter_key(&a), bson_iter_key(&b)) != 0 ||
+			   bson_iter_value(&a)->value_type != bson_iter_value(&b)->value_type))
+			return false;
+	}
+}
+
 static void cmd_echo(wire_req *req, void *data)
 {
 	bson_t *reply = bson_new();
 
 	(void)data;
+	BSON_APPEND_BOOL(reply, "indexAgrees", cmd_find_agrees(req));
 	BSON_APPEND_DOCUMENT(reply, "cmd", wire_req_cmd(req));
 	BSON_APPEND_UTF8(reply, "db", wire_req_db(req));
 	BSON_APPEND_UTF8(reply, "name", wire_req_name(req));
@@ -615,11 +646,71 @@ static void sc_sequence_folded(fixture *f)
 		      "documents.0._id");
 		CHECK(f, strcmp(get_str(&msg.body, "db"), "test") == 0, "db");
 		CHECK(f, strcmp(get_str(&msg.body, "name"), "echo") == 0, "name");
+		/* the folded sequence is in the command's key index */
+		CHECK(f, get_bool(&msg.body, "indexAgrees"), "wire_req_cmd_find disagrees");
 		free(m);
 	}
 	bson_destroy(body);
 	bson_destroy(d);
 	close(fd);
+}
+
+/* wire_req_cmd_find answers as bson_iter_init_find: the first of duplicate keys, no
+ * prefix matches, absent names, a command with more keys than the index holds (the walk),
+ * and a key longer than the index's lengths. */
+static void test_cmd_find(void **state)
+{
+	bson_t *cmd = BCON_NEW("find", BCON_UTF8("c"), "filter", "{", "_id", BCON_INT32(1), "}",
+			       "limit", BCON_INT32(1), "lim", BCON_INT32(2), "limit",
+			       BCON_UTF8("dup"), "$db", BCON_UTF8("test"));
+	wire_req *req = wire_req_detached_new("test", cmd);
+	bson_iter_t it;
+
+	(void)state;
+	assert_true(req->keys_indexed);
+	assert_true(cmd_find_agrees(req));
+	assert_true(wire_req_cmd_find(req, "limit", &it));
+	assert_true(BSON_ITER_HOLDS_INT32(&it) && bson_iter_int32(&it) == 1); /* the first */
+	assert_true(wire_req_cmd_find(req, "lim", &it) && bson_iter_int32(&it) == 2);
+	assert_false(wire_req_cmd_find(req, "li", &it));
+	assert_false(wire_req_cmd_find(req, "limits", &it));
+	assert_true(wire_req_cmd_find(req, "$db", &it) &&
+		    strcmp(bson_iter_utf8(&it, NULL), "test") == 0);
+	/* the iterator goes on to the next field, as bson_iter_init_find's */
+	assert_true(wire_req_cmd_find(req, "filter", &it) && bson_iter_next(&it) &&
+		    strcmp(bson_iter_key(&it), "limit") == 0);
+	wire_req_detached_free(req);
+	bson_destroy(cmd);
+
+	/* more keys than WIRE_REQ_KEYS: not indexed, every lookup walks */
+	bson_t big = BSON_INITIALIZER;
+	char k[16];
+	BSON_APPEND_INT32(&big, "cmd", 1);
+	for (int i = 0; i < WIRE_REQ_KEYS + 5; i++) {
+		snprintf(k, sizeof k, "f%d", i);
+		BSON_APPEND_INT32(&big, k, i);
+	}
+	req = wire_req_detached_new("test", &big);
+	assert_false(req->keys_indexed);
+	assert_true(cmd_find_agrees(req));
+	snprintf(k, sizeof k, "f%d", WIRE_REQ_KEYS + 4);
+	assert_true(wire_req_cmd_find(req, k, &it) && bson_iter_int32(&it) == WIRE_REQ_KEYS + 4);
+	wire_req_detached_free(req);
+	bson_destroy(&big);
+
+	/* a key of 70,000 bytes (over the index's 16-bit lengths): the walk */
+	char *longkey = malloc(70001);
+	memset(longkey, 'k', 70000);
+	longkey[70000] = '\0';
+	bson_t lk = BSON_INITIALIZER;
+	BSON_APPEND_INT32(&lk, "cmd", 1);
+	BSON_APPEND_INT32(&lk, longkey, 5);
+	req = wire_req_detached_new("test", &lk);
+	assert_false(req->keys_indexed);
+	assert_true(wire_req_cmd_find(req, longkey, &it) && bson_iter_int32(&it) == 5);
+	wire_req_detached_free(req);
+	bson_destroy(&lk);
+	free(longkey);
 }
 
 static void test_sequence_folded(void **state)
@@ -1151,6 +1242,7 @@ int main(void)
 		cmocka_unit_test(test_mongos_hello),
 		cmocka_unit_test(test_connection_limit),
 		cmocka_unit_test(test_listen_errors),
+		cmocka_unit_test(test_cmd_find),
 	};
 	int rc;
 
