@@ -138,6 +138,11 @@ void sdb_store_release_read(sdb_store_conn *c)
 		store_release_kept(c);
 }
 
+bool sdb_store_read_kept(const sdb_store_conn *c)
+{
+	return c != NULL && c->kept;
+}
+
 uint64_t sdb_store_reads_taken_over(sdb_store *st)
 {
 	return atomic_load_explicit(&st->reads_taken_over, memory_order_relaxed);

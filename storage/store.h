@@ -156,6 +156,8 @@ bool sdb_store_conn_idle(const sdb_store_conn *c);
 void sdb_store_keep_reads(sdb_store_conn *c, bool on);
 /* End the read transaction kept open on c (sdb_store_keep_reads), if any; c may be NULL. */
 void sdb_store_release_read(sdb_store_conn *c);
+/* Is a read transaction kept open on c (sdb_store_keep_reads)? c may be NULL (false). */
+bool sdb_store_read_kept(const sdb_store_conn *c);
 /* How many sdb_store_begin(c, false) took a kept read transaction over, on any of st's
  * connections, since st opened (any thread). */
 uint64_t sdb_store_reads_taken_over(sdb_store *st);

@@ -61,6 +61,9 @@
 /* a loop-thread step longer than this is logged (heartbeats wait for it) */
 #define REPL_SLOW_NS (100u * 1000 * 1000)
 #define REPL_STALL_TICK_MS 50
+/* How long after a round of the loop's I/O a read transaction its reads kept open may
+ * stay open for the next round's reads (read_check_cb), in ms (libuv's timer unit) */
+#define REPL_READ_KEEP_MS 1
 
 #include "shard/repl_int.h"
 
@@ -1005,14 +1008,29 @@ static void on_change(void *data)
 	}
 }
 
-/* After each round of the loop's I/O callbacks: ends the read transaction the round's
- * reads kept open on the apply connection (sdb_store_keep_reads), so that none stays
- * open while the loop waits (it would hold WAL checkpoints back). */
+/* Ends the read transaction the loop's reads kept open on the apply connection
+ * (sdb_store_keep_reads), REPL_READ_KEEP_MS after read_check_cb saw it. */
+static void read_release_cb(uv_timer_t *t)
+{
+	shard_repl *r = t->data;
+	if (!r->closed)
+		sdb_store_release_read(r->conn);
+}
+
+/* After each round of the loop's I/O callbacks: a read transaction the loop's reads kept
+ * open on the apply connection is ended REPL_READ_KEEP_MS later (read_release_cb, armed
+ * once per kept transaction), so that none stays open for long while the loop waits: an
+ * open snapshot keeps WAL checkpoints from passing it and the WAL from restarting. Until
+ * then the next round's reads take it over while nothing commits: a single client's
+ * next point read comes ~0.1 ms after its reply, and released at every round each read
+ * paid the BEGIN, the catalog read and SQLite's lock calls (~10% of the shard's CPU per
+ * read with one client, perf). */
 static void read_check_cb(uv_check_t *h)
 {
 	shard_repl *r = h->data;
-	if (!r->closed)
-		sdb_store_release_read(r->conn);
+	if (!r->closed && sdb_store_read_kept(r->conn) &&
+	    !uv_is_active((uv_handle_t *)&r->read_release))
+		uv_timer_start(&r->read_release, read_release_cb, REPL_READ_KEEP_MS, 0);
 }
 
 /* Fires every REPL_STALL_TICK_MS: a late fire is time the loop thread spent elsewhere
@@ -1254,10 +1272,12 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	/* The loop's reads (shard_pool_run_inline on conn) share one read transaction
 	 * within a round of I/O callbacks while nothing commits (issue #19: the BEGIN,
 	 * catalog read, ROLLBACK and SQLite's two lock calls were ~15% of a shard's CPU on
-	 * point reads); the check ends it before the loop waits. */
+	 * point reads); the check has it ended REPL_READ_KEEP_MS later. */
 	uv_check_init(sh->role->loop, &r->read_check);
 	r->read_check.data = r;
 	uv_check_start(&r->read_check, read_check_cb);
+	uv_timer_init(sh->role->loop, &r->read_release);
+	r->read_release.data = r;
 	sdb_store_keep_reads(r->conn, true);
 	memset(&no, 0, sizeof no);
 	no.id = r->id;
@@ -1370,10 +1390,16 @@ static void wc_timer_closed(uv_handle_t *h)
 	uv_close((uv_handle_t *)&r->async, async_closed);
 }
 
-static void read_check_closed(uv_handle_t *h)
+static void read_release_closed(uv_handle_t *h)
 {
 	shard_repl *r = h->data;
 	uv_close((uv_handle_t *)&r->wc_timer, wc_timer_closed);
+}
+
+static void read_check_closed(uv_handle_t *h)
+{
+	shard_repl *r = h->data;
+	uv_close((uv_handle_t *)&r->read_release, read_release_closed);
 }
 
 static void stall_timer_closed(uv_handle_t *h)

@@ -137,6 +137,7 @@ struct shard_repl {
 	/* ends the read transaction the loop's reads keep open on conn
 	 * (sdb_store_keep_reads) after each round of the loop's I/O callbacks */
 	uv_check_t read_check;
+	uv_timer_t read_release; /* read_check_cb's: ends a kept read transaction */
 	uint64_t stall_last_ns;
 	/* member wire addresses (replicated: op "shardMember") */
 	member_wire *members;
