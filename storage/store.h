@@ -150,8 +150,9 @@ bool sdb_store_conn_idle(const sdb_store_conn *c);
  * writes by another process are not counted (a data directory is one process's: the
  * role's stripedb.lock). Any other use of c ends the kept transaction first: a write or
  * apply transaction, a statement outside a transaction, a copy, check or sync. The
- * caller ends it with sdb_store_release_read before c sits idle: an open read
- * transaction keeps WAL checkpoints from passing its snapshot. For a connection of one
+ * caller ends it with sdb_store_release_read soon after c falls idle (the shard: 1 ms
+ * later): an open read transaction keeps WAL checkpoints from passing its snapshot and
+ * the WAL from restarting. For a connection of one
  * thread, as every connection. on=false ends a kept transaction. */
 void sdb_store_keep_reads(sdb_store_conn *c, bool on);
 /* End the read transaction kept open on c (sdb_store_keep_reads), if any; c may be NULL. */
