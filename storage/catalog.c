@@ -195,11 +195,6 @@ static void gen_uuid(sdb_store_conn *c, uint8_t out[16])
 	out[8] = (out[8] & 0x3f) | 0x80;
 }
 
-char *store_ns_of(const char *db, const char *coll)
-{
-	return sdb_asprintf("%s.%s", db, coll);
-}
-
 /* A database already in the catalog whose name equals db but for ASCII case (MongoDB keeps
  * one spelling per database: DatabaseHolder's "db already exists with different case").
  * Returns true with its name in other. */

@@ -290,7 +290,7 @@ static int check_oplog(sdb_store_conn *c, bson_t *problems, int *n, char *err, s
 	/* compare every collection against the replayed images */
 	for (size_t i = 0; i < c->n_colls; i++) {
 		const sdb_store_coll *co = &c->colls[i];
-		char *ns = store_ns_of(co->db, co->coll);
+		char *ns = sdb_ns_join(co->db, co->coll);
 		char sql[400];
 		/* images that disagree with the stored document (or a document that should
 		 * exist and does not) */

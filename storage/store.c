@@ -990,7 +990,7 @@ static int doc_key(sdb_store_conn *c, const char *db, const char *coll, const bs
 	bson_t *fdoc = NULL;
 	bson_iter_t k, v, d;
 	bool id_in_key = false;
-	char *ns = store_ns_of(db, coll);
+	char *ns = sdb_ns_join(db, coll);
 	int rc = sdb_store_filtering_get(c, ns, &cv, &sv, &gen, &fdoc, err, errlen);
 
 	free(ns);
@@ -1055,7 +1055,7 @@ static int coll_oplog(sdb_store_conn *c, const char *op, const char *db, const c
 				"the oplog entry of this write (the document and its documentKey) "
 				"would exceed %d bytes",
 				STORE_OPLOG_OBJS_MAX);
-	char *ns = store_ns_of(db, coll);
+	char *ns = sdb_ns_join(db, coll);
 	int rc = store_oplog_append_ud(c, op, ns, co->uuid, o, o2, ud, true, origin, err, errlen);
 
 	free(ns);

@@ -246,8 +246,6 @@ int store_id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, int *code, 
  * (parallel arrays, too many keys). (store.c) */
 int store_index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset *ks,
 		      bool *all_missing, char *err, size_t errlen);
-/* "db.coll" (heap, caller frees). (store.c) */
-char *store_ns_of(const char *db, const char *coll);
 /* Check an index key pattern: field -> 1 / -1 (any non-zero number), at most
  * STORE_MAX_INDEX_FIELDS, or {f: "hashed"} alone; "text", "2d" and compound hashed
  * patterns refused. Errors: SDB_EINVAL. (keys.c) */

@@ -115,6 +115,17 @@ char *sdb_asprintf(const char *fmt, ...)
 	return p;
 }
 
+char *sdb_ns_join(const char *db, const char *coll)
+{
+	size_t nd = strlen(db), nc = strlen(coll);
+	char *p = sdb_malloc(nd + nc + 2);
+
+	memcpy(p, db, nd);
+	p[nd] = '.';
+	memcpy(p + nd + 1, coll, nc + 1);
+	return p;
+}
+
 static void *bson_vt_malloc(size_t n) { return sdb_malloc(n); }
 static void *bson_vt_calloc(size_t c, size_t s) { return sdb_calloc(c, s); }
 static void *bson_vt_realloc(void *p, size_t n) { return sdb_realloc(p, n); }

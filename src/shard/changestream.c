@@ -734,7 +734,7 @@ void shard_cs_aggregate(shard_ctx *x)
 		shard_cs_free(cs);
 		return;
 	}
-	char *ns = coll ? sdb_asprintf("%s.%s", x->db, coll)
+	char *ns = coll ? sdb_ns_join(x->db, coll)
 			: sdb_asprintf("%s.$cmd.aggregate", x->db);
 	int64_t id = 0;
 	shard_cursor *c = NULL;

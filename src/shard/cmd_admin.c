@@ -222,7 +222,7 @@ void shard_cmd_drop(shard_ctx *x)
 		return;
 	/* the collection's filtering metadata goes with it (issue #17): a collection sharded
 	 * again under the same name starts from its new routing */
-	char *fns = sdb_asprintf("%s.%s", x->db, coll);
+	char *fns = sdb_ns_join(x->db, coll);
 	int64_t fc = 0, fs = 0, fg = 0;
 	bool had_filtering =
 		sdb_store_filtering_get(x->conn, fns, &fc, &fs, &fg, NULL, x->err, sizeof x->err) == 0;
@@ -251,7 +251,7 @@ void shard_cmd_drop(shard_ctx *x)
 	if (!reply)
 		return;
 	BSON_APPEND_INT32(reply, "nIndexesWas", n_idx);
-	char *ns = sdb_asprintf("%s.%s", x->db, coll);
+	char *ns = sdb_ns_join(x->db, coll);
 	BSON_APPEND_UTF8(reply, "ns", ns);
 	free(ns);
 	wire_req_reply(x->req, reply);
@@ -1099,7 +1099,7 @@ void shard_coll_stats_append(shard_ctx *x, const char *coll, const sdb_store_col
 {
 	int64_t count = sdb_store_count(x->conn, x->db, coll);
 	int64_t size = sdb_store_data_size(x->conn, x->db, coll);
-	char *ns = sdb_asprintf("%s.%s", x->db, coll);
+	char *ns = sdb_ns_join(x->db, coll);
 	BSON_APPEND_UTF8(reply, "ns", ns);
 	free(ns);
 	BSON_APPEND_INT64(reply, "size", size);

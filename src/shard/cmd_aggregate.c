@@ -183,7 +183,7 @@ static bool coll_stats_doc(shard_ctx *x, const char *coll, const bson_iter_t *sp
 			   want_storage ? "storageStats" : "count", x->db, coll);
 		return false;
 	}
-	char *ns = sdb_asprintf("%s.%s", x->db, coll);
+	char *ns = sdb_ns_join(x->db, coll);
 	BSON_APPEND_UTF8(&d, "ns", ns);
 	free(ns);
 	BSON_APPEND_UTF8(&d, "host", "stripedb-shard");
@@ -588,7 +588,7 @@ static void aggregate_write(shard_ctx *x, const sdb_aggw *w)
 		bson_destroy(&cmd);
 		return;
 	}
-	char *ns = coll ? sdb_asprintf("%s.%s", x->db, coll)
+	char *ns = coll ? sdb_ns_join(x->db, coll)
 			: sdb_asprintf("%s.$cmd.aggregate", x->db);
 	bson_destroy(&cmd); /* coll pointed into it: ns is a copy */
 	sdb_store_rollback(x->conn);
@@ -641,7 +641,7 @@ void shard_cmd_aggregate(shard_ctx *x)
 	}
 	if (!shard_run_aggregate(x, x->cmd, &coll, &docs, &n, &batch, false, NULL))
 		return;
-	char *ns = coll ? sdb_asprintf("%s.%s", x->db, coll) : sdb_asprintf("%s.$cmd.aggregate",
+	char *ns = coll ? sdb_ns_join(x->db, coll) : sdb_asprintf("%s.$cmd.aggregate",
 									      x->db);
 	shard_reply_cursor(x, ns, docs, n, batch, false, NULL, NULL);
 	free(ns);

@@ -226,7 +226,7 @@ static int find_spec(shard_ctx *x, const char *coll, const find_opts *o, shard_k
 		shard_filtering_spec(x, spec);
 		return 0;
 	}
-	char *kns = sdb_asprintf("%s.%s", x->db, coll);
+	char *kns = sdb_ns_join(x->db, coll);
 	int kc = shard_filtering_key_range(x, kns, &o->key_range, kr, spec);
 	free(kns);
 	return kc;
@@ -572,7 +572,7 @@ static void find_in_txn(shard_ctx *x, const char *coll, find_opts *o, sdb_projec
 		return;
 	}
 	sdb_store_rollback(x->conn);
-	char *ns = sdb_asprintf("%s.%s", x->db, coll);
+	char *ns = sdb_ns_join(x->db, coll);
 	shard_reply_cursor(x, ns, docs ? docs : sdb_calloc(1, sizeof *docs), n,
 		     o->have_batch ? o->batch : -1, o->single_batch, NULL, NULL);
 	free(ns);
@@ -669,7 +669,7 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		find_conn_put(x, worker_conn, fc, proj);
 		if (!ok)
 			return;
-		char *ns = sdb_asprintf("%s.%s", x->db, coll);
+		char *ns = sdb_ns_join(x->db, coll);
 		shard_reply_cursor(x, ns, docs, n, o->have_batch ? o->batch : -1, o->single_batch, NULL,
 			     NULL);
 		free(ns);
@@ -725,7 +725,7 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		return;
 	}
 	x->conn = worker_conn;
-	char *ns = sdb_asprintf("%s.%s", x->db, coll);
+	char *ns = sdb_ns_join(x->db, coll);
 	int64_t id = 0;
 	if (done || o->single_batch) {
 		sdb_query_free(q);
@@ -898,7 +898,7 @@ void shard_cmd_getmore(shard_ctx *x)
 				   (long long)id);
 		return;
 	}
-	char *ns = sdb_asprintf("%s.%s", x->db, coll);
+	char *ns = sdb_ns_join(x->db, coll);
 	if (strcmp(ns, c->ns) != 0) {
 		shard_cursor_put(x->sh, c, false);
 		shard_fail(x, WIRE_ERR_UNAUTHORIZED,
