@@ -33,14 +33,22 @@ static const char *type_name(bson_type_t t)
 
 int ct_parse(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen)
 {
-	bson_iter_t it, f, s;
+	bson_iter_t it;
+
+	return ct_parse_field(bson_iter_init_find(&it, cmd, "$clusterTime") ? &it : NULL, out,
+			      err, errlen);
+}
+
+int ct_parse_field(const bson_iter_t *field, ct_gossip *out, char *err, size_t errlen)
+{
+	bson_iter_t f, s;
 
 	memset(out, 0, sizeof *out);
-	if (!bson_iter_init_find(&it, cmd, "$clusterTime"))
+	if (field == NULL)
 		return 0;
-	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &f)) {
+	if (!BSON_ITER_HOLDS_DOCUMENT(field) || !bson_iter_recurse(field, &f)) {
 		snprintf(err, errlen, "$clusterTime must be an object, found %s",
-			 type_name(bson_iter_type(&it)));
+			 type_name(bson_iter_type(field)));
 		return 14;
 	}
 	bool have_time = false;
@@ -111,7 +119,15 @@ int ct_parse(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen)
 
 int ct_take(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen)
 {
-	int code = ct_parse(cmd, out, err, errlen);
+	bson_iter_t it;
+
+	return ct_take_field(bson_iter_init_find(&it, cmd, "$clusterTime") ? &it : NULL, out, err,
+			     errlen);
+}
+
+int ct_take_field(const bson_iter_t *field, ct_gossip *out, char *err, size_t errlen)
+{
+	int code = ct_parse_field(field, out, err, errlen);
 
 	if (code || !out->present)
 		return code;

@@ -47,11 +47,17 @@ typedef struct ct_gossip {
  * when auth is off). Returns: 0, or a MongoDB error code with a message in err:
  * TypeMismatch 14 (a field of the wrong type), NoSuchKey 4 (clusterTime missing). */
 int ct_parse(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen);
+/* ct_parse of a $clusterTime the caller found: field is on cmd's $clusterTime element, or
+ * NULL when cmd has none (a caller with an index of the command's keys,
+ * wire_req_cmd_find, need not walk it again). */
+int ct_parse_field(const bson_iter_t *field, ct_gossip *out, char *err, size_t errlen);
 
 /* A request's gossip as a node takes it: ct_parse, then (when present) ct_check_drift
  * against this node's sdb_wall_ms(). Returns: 0 with *out (out->present false: no
  * $clusterTime), or ct_parse's / ct_check_drift's code with the message in err. */
 int ct_take(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen);
+/* ct_take of a $clusterTime the caller found (field as ct_parse_field's). */
+int ct_take_field(const bson_iter_t *field, ct_gossip *out, char *err, size_t errlen);
 
 /* MongoDB's drift guard: 0 when time is at most CT_MAX_DRIFT_SECS seconds ahead of
  * wall_ms (epoch ms), else ClusterTimeFailsRateLimiter (205) with mongod's message

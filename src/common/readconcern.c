@@ -34,12 +34,23 @@ static const char *agg_write_stage(const bson_t *cmd)
 int sdb_read_concern_parse(const bson_t *cmd, bool linearizable_ok, sdb_read_concern *rc,
 			   char *err, size_t errlen)
 {
-	bson_iter_t it, sub;
+	bson_iter_t it;
+
+	return sdb_read_concern_parse_field(
+		cmd, bson_iter_init_find(&it, cmd, "readConcern") ? &it : NULL, linearizable_ok, rc,
+		err, errlen);
+}
+
+int sdb_read_concern_parse_field(const bson_t *cmd, const bson_iter_t *field,
+				 bool linearizable_ok, sdb_read_concern *rc, char *err,
+				 size_t errlen)
+{
+	bson_iter_t sub;
 
 	memset(rc, 0, sizeof *rc);
-	if (!bson_iter_init_find(&it, cmd, "readConcern"))
+	if (field == NULL)
 		return 0;
-	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
+	if (!BSON_ITER_HOLDS_DOCUMENT(field) || !bson_iter_recurse(field, &sub)) {
 		snprintf(err, errlen, "readConcern must be an object");
 		return RC_FAILED_TO_PARSE;
 	}

@@ -121,7 +121,10 @@ bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn)
 	 * primary that loses its leadership crashed libraft 0.15 at the following close (seen
 	 * once under ASan in the deposed-primary test): until that is understood, say no
 	 * rather than risk it or answer a possibly stale read. */
-	int code = sdb_read_concern_parse(wire_req_cmd(req), false, &rcn, err, sizeof err);
+	bson_iter_t rcf;
+	int code = sdb_read_concern_parse_field(
+		wire_req_cmd(req), wire_req_cmd_find(req, "readConcern", &rcf) ? &rcf : NULL, false,
+		&rcn, err, sizeof err);
 	if (code != 0) {
 		wire_req_error(req, code, "%s", err);
 		return false;
