@@ -49,14 +49,15 @@ typedef struct ct_gossip {
 int ct_parse(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen);
 /* ct_parse of a $clusterTime the caller found: field is on cmd's $clusterTime element, or
  * NULL when cmd has none (a caller with an index of the command's keys,
- * wire_req_cmd_find, need not walk it again). */
+ * wire_req_cmd_find, need not walk it again). Returns: as ct_parse. */
 int ct_parse_field(const bson_iter_t *field, ct_gossip *out, char *err, size_t errlen);
 
 /* A request's gossip as a node takes it: ct_parse, then (when present) ct_check_drift
  * against this node's sdb_wall_ms(). Returns: 0 with *out (out->present false: no
  * $clusterTime), or ct_parse's / ct_check_drift's code with the message in err. */
 int ct_take(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen);
-/* ct_take of a $clusterTime the caller found (field as ct_parse_field's). */
+/* ct_take of a $clusterTime the caller found (field as ct_parse_field's). Returns: as
+ * ct_take. */
 int ct_take_field(const bson_iter_t *field, ct_gossip *out, char *err, size_t errlen);
 
 /* MongoDB's drift guard: 0 when time is at most CT_MAX_DRIFT_SECS seconds ahead of

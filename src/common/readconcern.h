@@ -34,7 +34,7 @@ int sdb_read_concern_parse(const bson_t *cmd, bool linearizable_ok, sdb_read_con
 /* sdb_read_concern_parse of a readConcern the caller found: field is on cmd's readConcern
  * element, or NULL when cmd has none (a caller with an index of the command's keys,
  * wire_req_cmd_find, need not walk it again; cmd is still read for an aggregate's
- * pipeline). */
+ * pipeline). Returns: as sdb_read_concern_parse. */
 int sdb_read_concern_parse_field(const bson_t *cmd, const bson_iter_t *field,
 				 bool linearizable_ok, sdb_read_concern *rc, char *err,
 				 size_t errlen);
