@@ -1,0 +1,193 @@
+"""The loop's kept read transaction now outlives the round of I/O callbacks that kept it
+(src/shard/repl.c read_check_cb / read_release_cb, REPL_READ_KEEP_MS), and idle scan
+statements are found by their shape (storage/scan.c scan_key) instead of their SQL text.
+Beside test_shard_kept_reads.py and test_shard_kept_reads_attack.py, these check:
+
+- multi-range cursors on the loop ($in on _id, both directions) and index scans on a
+  worker, through collection renames, index drops and builds (new index tables), drops and
+  recreations, each followed at once by reads on another connection while readers keep
+  the loop's transaction open across rounds: every read answers the state the last
+  acknowledged operation left (a statement of another table or shape, or a snapshot
+  older than an acknowledged operation, would answer otherwise);
+- a shard stopped (SIGTERM) while readers keep its loop's transaction open and its
+  release timer armed exits cleanly (ASan build: no use-after-free of the timer or the
+  connection, no leak), several times over the same data.
+Neither depends on timing: the counter stripedb_shard_read_txns_taken_over_total must
+move, else the first checked nothing of the change."""
+import signal
+import threading
+
+import pymongo
+from pymongo.errors import AutoReconnect, ConnectionFailure
+
+from conftest import assert_clean_exit, free_port, metric_counter as _counter, \
+    threads_running, wait_until
+
+TAKEN = "stripedb_shard_read_txns_taken_over_total"
+
+
+def test_multi_range_and_index_reads_through_ddl_see_the_last_acknowledged_state(shard):
+    proc, port = shard
+    uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
+    with pymongo.MongoClient(uri) as c:
+        c.rounds.bg.insert_many([{"_id": i} for i in range(50)])
+    taken0 = _counter(proc, TAKEN)
+    stop = threading.Event()
+    problems = []
+
+    def hammer(k):
+        # point reads and two-value $in reads (a multi-range cursor) on the loop: the
+        # loop's transaction stays kept across rounds, its scan statements idle
+        with pymongo.MongoClient(uri, maxPoolSize=1) as c:
+            n = 0
+            while not stop.is_set():
+                c.rounds.bg.find_one({"_id": (k * 7 + n) % 50})
+                got = [d["_id"] for d in c.rounds.bg.find(
+                    {"_id": {"$in": [n % 50, (n + 1) % 50]}}).sort("_id", -1)]
+                want = sorted({n % 50, (n + 1) % 50}, reverse=True)
+                if got != want:
+                    problems.append(f"hammer {k}: $in read {got}, want {want}")
+                c.rounds.a.find_one({"_id": 1})
+                c.rounds.b.find_one({"_id": 1})
+                n += 1
+
+    with threads_running(stop, hammer, [(k,) for k in range(3)]), \
+            pymongo.MongoClient(uri) as wc, pymongo.MongoClient(uri, maxPoolSize=1) as rc:
+        db, rdb = wc.rounds, rc.rounds
+
+        def check(what, got, want):
+            if got != want:
+                problems.append(f"{what}: read {got}, want {want}")
+
+        for r in range(12):
+            base = r * 100
+            db.a.insert_many([{"_id": i, "x": base + i} for i in range(6)])
+            # loop reads: one range, two ranges ascending and descending
+            check(f"r{r} point", rdb.a.find_one({"_id": 4}), {"_id": 4, "x": base + 4})
+            check(f"r{r} $in desc", [d["x"] for d in rdb.a.find(
+                {"_id": {"$in": [1, 3]}}).sort("_id", -1)], [base + 3, base + 1])
+            check(f"r{r} $in asc", [d["x"] for d in rdb.a.find(
+                {"_id": {"$in": [3, 1]}}).sort("_id", 1)], [base + 1, base + 3])
+            db.a.rename("b")
+            check(f"r{r} renamed away", rdb.a.find_one({"_id": 1}), None)
+            check(f"r{r} renamed away $in", list(rdb.a.find({"_id": {"$in": [1, 3]}})), [])
+            check(f"r{r} renamed to", [d["x"] for d in rdb.b.find(
+                {"_id": {"$in": [1, 3]}}).sort("_id", -1)], [base + 3, base + 1])
+            # an index (a new index table each round): scans of it both ways, then of
+            # the collection with the same bounds shape
+            db.b.create_index("x")
+            check(f"r{r} index desc", [d["_id"] for d in rdb.b.find(
+                {"x": {"$gte": base + 2, "$lt": base + 5}}).sort("x", -1).hint("x_1")],
+                [4, 3, 2])
+            check(f"r{r} index asc", [d["_id"] for d in rdb.b.find(
+                {"x": {"$gt": base + 1, "$lte": base + 4}}).sort("x", 1).hint("x_1")],
+                [2, 3, 4])
+            check(f"r{r} coll scan", [d["_id"] for d in rdb.b.find(
+                {"_id": {"$gte": 2, "$lt": 5}}).sort("_id", -1).hint("_id_")], [4, 3, 2])
+            db.b.update_one({"_id": 3}, {"$set": {"x": base - 50}})
+            check(f"r{r} index after update", [d["_id"] for d in rdb.b.find(
+                {"x": {"$gte": base + 2, "$lt": base + 5}}).sort("x", -1).hint("x_1")],
+                [4, 2])
+            check(f"r{r} point after update", rdb.b.find_one({"_id": 3}),
+                  {"_id": 3, "x": base - 50})
+            # the index dropped and another built on the same key, descending
+            db.b.drop_index("x_1")
+            db.b.create_index([("x", -1)])
+            check(f"r{r} new index", [d["_id"] for d in rdb.b.find(
+                {"x": {"$gte": base - 60, "$lt": base + 3}}).sort("x", -1).hint("x_-1")],
+                [2, 1, 0, 3])
+            db.b.drop()
+            check(f"r{r} dropped", rdb.b.find_one({"_id": 1}), None)
+            check(f"r{r} dropped $in", list(rdb.b.find({"_id": {"$in": [1, 3]}})), [])
+            # recreated empty, then one document
+            db.create_collection("b")
+            check(f"r{r} recreated", list(rdb.b.find({"_id": {"$in": [1, 3]}})), [])
+            db.b.insert_one({"_id": 3, "x": -r})
+            check(f"r{r} recreated $in", list(rdb.b.find({"_id": {"$in": [1, 3]}})),
+                  [{"_id": 3, "x": -r}])
+            db.b.drop()
+    assert not problems, problems[:10]
+    assert _counter(proc, TAKEN) > taken0, "no read took a kept transaction over"
+
+
+def test_a_shard_stopped_under_loop_reads_exits_cleanly(start_role, tmp_path):
+    data = tmp_path / "shard"
+    data.mkdir()
+    port = free_port()
+    proc = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}"])
+    uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
+    with pymongo.MongoClient(uri) as c:
+        c.stopping.c.insert_many([{"_id": i, "v": i} for i in range(100)])
+    for rnd in range(3):
+        taken0 = _counter(proc, TAKEN)
+        stop = threading.Event()
+        reads = [0]
+        wrong = []
+
+        def reader(k):
+            c = pymongo.MongoClient(uri, maxPoolSize=1, serverSelectionTimeoutMS=500,
+                                    socketTimeoutMS=5000)
+            try:
+                n = 0
+                while not stop.is_set():
+                    try:
+                        d = c.stopping.c.find_one({"_id": (k * 13 + n) % 100})
+                        if d is not None and d["v"] != (k * 13 + n) % 100:
+                            wrong.append(d)
+                        reads[0] += 1
+                    except (AutoReconnect, ConnectionFailure, pymongo.errors.OperationFailure):
+                        pass  # stopping
+                    n += 1
+            finally:
+                c.close()
+
+        with threads_running(stop, reader, [(k,) for k in range(4)]):
+            wait_until(lambda: _counter(proc, TAKEN) > taken0 + 100, 60,
+                       what="reads taking the kept transaction over")
+            # stopped while its readers keep the loop's transaction kept
+            assert_clean_exit(proc)
+        assert not wrong, wrong[:5]
+        proc.restart()
+        proc.wait_healthy()
+        with pymongo.MongoClient(uri) as c:
+            assert c.stopping.c.count_documents({}) == 100
+            c.stopping.c.update_one({"_id": rnd}, {"$set": {"v": rnd}})
+    assert_clean_exit(proc)
+
+
+def test_the_wal_restarts_under_continuous_loop_reads_and_writes(shard, tmp_path):
+    """A kept read transaction holds back the WAL's restart while it is open: under point
+    reads that never pause (each reader's next read comes in a later round, within the
+    kept transaction's life) and large writes, the WAL must still restart, so that its file
+    stays far smaller than what was written through it."""
+    import os
+    proc, port = shard
+    wal = str(tmp_path / "shard" / "shard.db-wal")
+    uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
+    with pymongo.MongoClient(uri) as c:
+        c.walgrow.c.insert_many([{"_id": i, "v": 0} for i in range(20)])
+    taken0 = _counter(proc, TAKEN)
+    stop = threading.Event()
+
+    def reader(k):
+        with pymongo.MongoClient(uri, maxPoolSize=1) as c:
+            n = 0
+            while not stop.is_set():
+                c.walgrow.c.find_one({"_id": (k + n) % 20})
+                n += 1
+
+    pad = "p" * (64 * 1024)
+    max_wal = 0
+    written = 0
+    with threads_running(stop, reader, [(k,) for k in range(3)]), \
+            pymongo.MongoClient(uri) as w:
+        for i in range(1200):
+            w.walgrow.c.update_one({"_id": i % 20}, {"$set": {"v": i, "pad": pad + str(i)}})
+            written += len(pad)
+            if i % 20 == 0:
+                max_wal = max(max_wal, os.path.getsize(wal))
+        taken = _counter(proc, TAKEN) - taken0
+    max_wal = max(max_wal, os.path.getsize(wal))
+    # each update writes its document and its oplog entry: > 2 * written through the WAL
+    assert taken > 0, "no read took a kept transaction over"
+    assert max_wal < written / 2, (max_wal, written)
