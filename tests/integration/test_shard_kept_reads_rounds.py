@@ -191,3 +191,112 @@ def test_the_wal_restarts_under_continuous_loop_reads_and_writes(shard, tmp_path
     # each update writes its document and its oplog entry: > 2 * written through the WAL
     assert taken > 0, "no read took a kept transaction over"
     assert max_wal < written / 2, (max_wal, written)
+
+
+def test_causal_reads_on_every_member_through_a_kill_a_snapshot_install_and_a_stepdown(
+        start_role, tmp_path):
+    """A history of w: majority writes, each checked at once on every other member by a
+    read with afterClusterTime the write's operationTime (the member waits until it applied
+    it, then answers on its loop, where readers keep transactions open across rounds):
+    through a secondary SIGKILLed, restarted and installing a snapshot, then the primary
+    stopped gracefully (it hands leadership over) and restarted as a secondary. Every read
+    of a member that answers must see the write it was sent after."""
+    from test_shard_replset import primary_index, start_set, wait_converged
+    procs, wires, uri = start_set(start_role, tmp_path,
+                                  extra=["--raft-snapshot-threshold=64"])
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_many([{"_id": i, "v": 0} for i in range(20)])
+    stop = threading.Event()
+    problems = []
+    checked = [0] * 3
+    down = set()
+
+    def hammer(i, k):
+        c = pymongo.MongoClient(f"mongodb://127.0.0.1:{wires[i]}/?directConnection=true",
+                                maxPoolSize=1, serverSelectionTimeoutMS=1000,
+                                socketTimeoutMS=5000)
+        try:
+            n = 0
+            while not stop.is_set():
+                try:
+                    c.app.c.find_one({"_id": (k * 7 + n) % 20})
+                except (AutoReconnect, ConnectionFailure,
+                        pymongo.errors.OperationFailure):
+                    stop.wait(0.05)
+                n += 1
+        finally:
+            c.close()
+
+    readers = [pymongo.MongoClient(f"mongodb://127.0.0.1:{w}/?directConnection=true",
+                                   maxPoolSize=1, serverSelectionTimeoutMS=1000,
+                                   socketTimeoutMS=20000) for w in wires]
+    acked = [0]
+
+    def write_and_check(wc, n):
+        """n w: majority writes; after each, a causal read on every other member."""
+        for _ in range(n):
+            i = acked[0] + 1
+            with wc.start_session(causal_consistency=True) as s:
+                wc.app.c.update_one({"_id": 0}, {"$set": {"v": i}}, session=s)
+                wc.app.c.insert_one({"_id": 1000 + i}, session=s)
+                t, ct = s.operation_time, s.cluster_time
+            acked[0] = i
+            for m in range(3):
+                if m in down:
+                    continue
+                try:
+                    # the read's session starts where the write's ended: afterClusterTime
+                    # is its operationTime, and its $clusterTime is gossiped along
+                    with readers[m].start_session(causal_consistency=True) as rs:
+                        rs.advance_cluster_time(ct)
+                        rs.advance_operation_time(t)
+                        docs = {d["_id"]: d for d in readers[m].app.c.find(
+                            {"_id": {"$in": [0, 1000 + i]}}, session=rs, max_time_ms=15000)}
+                except (AutoReconnect, ConnectionFailure):
+                    continue  # the member is stopping or starting: it answered nothing
+                except pymongo.errors.OperationFailure as e:
+                    if e.code in (11600, 11602, 91, 189, 10107, 13435):
+                        continue  # shutting down / not yet serving
+                    problems.append(f"member {m} after write {i}: {e!r}")
+                    continue
+                checked[m] += 1
+                if 0 not in docs or docs[0]["v"] < i:
+                    problems.append(f"member {m} after write {i}: _id 0 is {docs.get(0)}")
+                if 1000 + i not in docs:
+                    problems.append(f"member {m} after write {i}: insert {1000 + i} missing")
+
+    with threads_running(stop, hammer, [(i, k) for i in range(3) for k in range(2)]):
+        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000, w="majority",
+                                 retryWrites=True) as wc:
+            write_and_check(wc, 40)
+            p = primary_index(wires)
+            victim = (p + 1) % 3
+            down.add(victim)
+            procs[victim].signal(signal.SIGKILL)
+            procs[victim].p.wait(timeout=10)
+            write_and_check(wc, 200)   # the primary compacts its log past the victim
+            procs[victim].restart()
+            wait_until(lambda: "installed a snapshot from another member"
+                       in procs[victim].tail(1 << 20), 60,
+                       what="the killed secondary installing a snapshot")
+            down.discard(victim)
+            write_and_check(wc, 60)
+            # the primary stopped gracefully: it hands leadership to another member
+            p = primary_index(wires)
+            down.add(p)
+            procs[p].signal(signal.SIGTERM)
+            procs[p].p.wait(timeout=30)
+            write_and_check(wc, 60)
+            assert primary_index(wires) not in (None, p)
+            procs[p].restart()
+            procs[p].wait_healthy()
+            down.discard(p)
+            write_and_check(wc, 60)
+    for r in readers:
+        r.close()
+    assert not problems, problems[:10]
+    assert all(n > 50 for n in checked), checked
+    assert sum(_counter(procs[i], TAKEN) for i in range(3)) > 0, "no read took one over"
+    docs, _ = wait_converged(wires, timeout=120)
+    ids = {d["_id"] for d in docs}
+    assert all(1000 + i in ids for i in range(1, acked[0] + 1))
