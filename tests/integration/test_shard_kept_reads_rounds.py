@@ -300,3 +300,138 @@ def test_causal_reads_on_every_member_through_a_kill_a_snapshot_install_and_a_st
     docs, _ = wait_converged(wires, timeout=120)
     ids = {d["_id"] for d in docs}
     assert all(1000 + i in ids for i in range(1, acked[0] + 1))
+
+
+def _real_time_violations(history):
+    """history: [(start_ns, end_ns, value, who)] of reads of a register that only grows.
+    Linearizable reads: a read that began after another ended never returns less. Returns
+    the violating pairs (at most 10)."""
+    out = []
+    by_end = sorted(history, key=lambda h: h[1])
+    j = 0
+    best = None  # the read of the highest value among those ended so far
+    for h in sorted(history, key=lambda h: h[0]):
+        while j < len(by_end) and by_end[j][1] < h[0]:
+            if best is None or by_end[j][2] > best[2]:
+                best = by_end[j]
+            j += 1
+        if best is not None and h[2] < best[2]:
+            out.append((best, h))
+            if len(out) >= 10:
+                break
+    return out
+
+
+def test_reads_on_the_loop_and_on_workers_are_linearizable_across_connections(shard):
+    """Point reads on the loop (kept transactions taken over across rounds) and reads on
+    workers (three _id values: not a point read) of a register that w: 1 updates only
+    increase, on many connections: a read that began after another ended (in this
+    process's monotonic clock) never returns a smaller value, and none returns less than
+    what was acknowledged before it began."""
+    import time
+    proc, port = shard
+    uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
+    with pymongo.MongoClient(uri) as c:
+        c.lin.r.insert_many([{"_id": i, "v": 0} for i in range(3)])
+    taken0 = _counter(proc, TAKEN)
+    stop = threading.Event()
+    history = []
+    acked = []  # (ack_ns, value)
+    problems = []
+
+    def reader(k):
+        mine = []
+        with pymongo.MongoClient(uri, maxPoolSize=1) as c:
+            coll = c.lin.r
+            n = 0
+            while not stop.is_set():
+                t0 = time.monotonic_ns()
+                if n % 3 == 2:
+                    docs = list(coll.find({"_id": {"$in": [0, 1, 2]}}))
+                    v = [d["v"] for d in docs if d["_id"] == 0][0]
+                else:
+                    v = coll.find_one({"_id": 0})["v"]
+                t1 = time.monotonic_ns()
+                mine.append((t0, t1, v, (k, n)))
+                n += 1
+        history.extend(mine)
+
+    with threads_running(stop, reader, [(k,) for k in range(5)]):
+        with pymongo.MongoClient(uri, maxPoolSize=1) as w:
+            for i in range(1, 2001):
+                w.lin.r.update_one({"_id": 0}, {"$set": {"v": i}})
+                acked.append((time.monotonic_ns(), i))
+                if i % 7 == 0:
+                    # other writes between: the epoch moves without the register
+                    w.lin.r.update_one({"_id": 1}, {"$inc": {"v": 1}})
+    for s_ns, e_ns, v, who in history:
+        # the newest value acknowledged before the read began
+        lo = 0
+        for a_ns, a_v in acked:
+            if a_ns < s_ns:
+                lo = a_v
+            else:
+                break
+        if v < lo:
+            problems.append(f"read {who} returned {v} after {lo} was acknowledged")
+            if len(problems) > 10:
+                break
+    assert not problems, problems
+    bad = _real_time_violations(history)
+    assert not bad, bad
+    assert len(history) > 1000, len(history)
+    assert _counter(proc, TAKEN) > taken0, "no read took a kept transaction over"
+
+
+def test_a_secondarys_reads_are_monotonic_across_its_connections(start_role, tmp_path):
+    """On a secondary (its loop applies the primary's writes on the connection its point
+    reads keep transactions on), under w: 1 writes on the primary: a read that began after
+    another read of the same member ended never returns a smaller value of a register
+    that only grows, across connections (the member's applied state only grows)."""
+    import time
+    from test_shard_replset import primary_index, start_set
+    procs, wires, uri = start_set(start_role, tmp_path)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        c.lin.r.insert_many([{"_id": i, "v": 0} for i in range(3)])
+    p = primary_index(wires)
+    sec = [i for i in range(3) if i != p]
+    for m in sec:
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{wires[m]}/?directConnection=true",
+                                 maxPoolSize=1) as c:
+            wait_until(lambda: c.lin.r.count_documents({}) == 3, 30,
+                       what="the secondary applying the first writes")
+    taken0 = [_counter(procs[i], TAKEN) for i in sec]
+    stop = threading.Event()
+    history = {i: [] for i in sec}
+
+    def reader(m, k):
+        mine = []
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{wires[m]}/?directConnection=true",
+                                 maxPoolSize=1) as c:
+            coll = c.lin.r
+            n = 0
+            while not stop.is_set():
+                t0 = time.monotonic_ns()
+                if n % 3 == 2:
+                    docs = list(coll.find({"_id": {"$in": [0, 1, 2]}}))
+                    v = [d["v"] for d in docs if d["_id"] == 0][0]
+                else:
+                    v = coll.find_one({"_id": 0})["v"]
+                mine.append((t0, time.monotonic_ns(), v, (m, k, n)))
+                n += 1
+        history[m].extend(mine)
+
+    with threads_running(stop, reader, [(m, k) for m in sec for k in range(3)]):
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{wires[p]}/?directConnection=true",
+                                 maxPoolSize=1, retryWrites=False) as w:
+            for i in range(1, 801):
+                w.lin.r.update_one({"_id": 0}, {"$set": {"v": i}})
+                if i % 5 == 0:
+                    w.lin.r.update_one({"_id": 1}, {"$inc": {"v": 1}})
+    for m in sec:
+        bad = _real_time_violations(history[m])
+        assert not bad, bad
+        assert len(history[m]) > 300, len(history[m])
+        assert max(h[2] for h in history[m]) > 0, "the secondary never saw a write"
+    moved = [_counter(procs[i], TAKEN) - t0 for i, t0 in zip(sec, taken0)]
+    assert sum(moved) > 0, f"no read took a kept transaction over: {moved}"
