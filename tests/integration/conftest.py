@@ -210,6 +210,20 @@ def threads_running(stop, target, args_list, join_timeout=60):
             t.join(timeout=join_timeout)
 
 
+def point_reads(stop, port, db, coll, n_ids, k, stride=1):
+    """Point reads by _id on one connection to 127.0.0.1:port (directConnection) until
+    stop (a threading.Event) is set: _id (k * stride + n) % n_ids for n = 0, 1, ...; a
+    threads_running target for readers that only keep a shard's loop reading."""
+    import pymongo
+    with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                             maxPoolSize=1) as c:
+        target = c[db][coll]
+        n = 0
+        while not stop.is_set():
+            target.find_one({"_id": (k * stride + n) % n_ids})
+            n += 1
+
+
 def metric_counter(proc, name):
     """The value (an int) of the first sample of /metrics counter name of a role started
     with an HTTP port (proc.http_port), labels or not; 0 when it has none."""
@@ -226,6 +240,39 @@ def op_msg(request_id, body, flags=0):
     Wire protocol: https://www.mongodb.com/docs/manual/reference/mongodb-wire-protocol/"""
     payload = struct.pack("<I", flags) + b"\x00" + bson.encode(body)
     return struct.pack("<iiii", 16 + len(payload), request_id, 0, 2013) + payload
+
+
+def bson_element(key, value):
+    """The bytes of one BSON element key: value (libbson's encoding, through pymongo)."""
+    doc = bson.encode({key: value})
+    return doc[4:-1]
+
+
+def raw_doc(pairs):
+    """A BSON document of (key, value) pairs in order, repeats kept (a dict cannot hold
+    them)."""
+    body = b"".join(bson_element(k, v) for k, v in pairs)
+    return struct.pack("<i", 4 + len(body) + 1) + body + b"\x00"
+
+
+def raw_msg(request_id, body, seqs=()):
+    """An OP_MSG of a body (raw BSON bytes) and kind-1 sections seqs: (identifier, [dict])
+    pairs, each before the body (a driver's order)."""
+    payload = struct.pack("<I", 0)
+    for ident, docs in seqs:
+        data = ident.encode() + b"\x00" + b"".join(bson.encode(d) for d in docs)
+        payload += b"\x01" + struct.pack("<i", 4 + len(data)) + data
+    payload += b"\x00" + body
+    return struct.pack("<iiii", 16 + len(payload), request_id, 0, 2013) + payload
+
+
+def recv_exact(s, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        assert chunk, "the server closed the connection"
+        buf += chunk
+    return buf
 
 
 def assert_clean_exit(proc, timeout=20.0):

@@ -14,43 +14,10 @@ import struct
 import bson
 import pytest
 
-from conftest import op_msg
+from conftest import op_msg, raw_doc, raw_msg, recv_exact
 from proxy_helpers import ProxyCluster
 
 OP_MSG = 2013
-
-
-def element(key, value):
-    """The bytes of one BSON element key: value (libbson's encoding, through pymongo)."""
-    doc = bson.encode({key: value})
-    return doc[4:-1]
-
-
-def raw_doc(pairs):
-    """A BSON document of (key, value) pairs in order, repeats kept (a dict cannot hold
-    them)."""
-    body = b"".join(element(k, v) for k, v in pairs)
-    return struct.pack("<i", 4 + len(body) + 1) + body + b"\x00"
-
-
-def raw_msg(request_id, body, seqs=()):
-    """An OP_MSG of a body (raw BSON bytes) and kind-1 sections seqs: (identifier, [dict])
-    pairs, each before the body (a driver's order)."""
-    payload = struct.pack("<I", 0)
-    for ident, docs in seqs:
-        data = ident.encode() + b"\x00" + b"".join(bson.encode(d) for d in docs)
-        payload += b"\x01" + struct.pack("<i", 4 + len(data)) + data
-    payload += b"\x00" + body
-    return struct.pack("<iiii", 16 + len(payload), request_id, 0, OP_MSG) + payload
-
-
-def recv_exact(s, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        assert chunk, "the server closed the connection"
-        buf += chunk
-    return buf
 
 
 def roundtrip(port, msg):

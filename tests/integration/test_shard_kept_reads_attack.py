@@ -21,7 +21,7 @@ import time
 import pymongo
 from pymongo.errors import AutoReconnect, ConnectionFailure, OperationFailure
 
-from conftest import metric_counter as _counter, threads_running, wait_until
+from conftest import metric_counter as _counter, point_reads, threads_running, wait_until
 from test_shard_replset import primary_index, start_set, wait_converged
 
 
@@ -48,14 +48,8 @@ def test_an_idle_shard_holds_no_read_snapshot(shard, tmp_path):
     taken0 = _counter(proc, TAKEN)
     stop = threading.Event()
 
-    def reader(k):
-        with pymongo.MongoClient(uri, maxPoolSize=1) as c:
-            n = 0
-            while not stop.is_set():
-                c.idle.c.find_one({"_id": (k * 7 + n) % 100})
-                n += 1
-
-    with threads_running(stop, reader, [(k,) for k in range(6)]), \
+    with threads_running(stop, point_reads,
+                         [(stop, port, "idle", "c", 100, k, 7) for k in range(6)]), \
             pymongo.MongoClient(uri) as w:
         for i in range(40):
             w.idle.c.update_one({"_id": i}, {"$set": {"v": i}})
@@ -224,15 +218,8 @@ def test_causal_reads_on_secondaries_see_the_session_writes(start_role, tmp_path
     stop = threading.Event()
     problems = []
 
-    def hammer(port, k):
-        with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
-                                 maxPoolSize=1) as c:
-            n = 0
-            while not stop.is_set():
-                c.app.c.find_one({"_id": (k * 11 + n) % 50})
-                n += 1
-
-    with threads_running(stop, hammer, [(wires[s], k) for s in sec for k in range(2)]):
+    with threads_running(stop, point_reads,
+                         [(stop, wires[s], "app", "c", 50, k, 11) for s in sec for k in range(2)]):
         with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000,
                                  readPreference="secondary") as c:
             coll = c.app.c

@@ -16,11 +16,12 @@ Neither depends on timing: the counter stripedb_shard_read_txns_taken_over_total
 move, else the first checked nothing of the change."""
 import signal
 import threading
+import time
 
 import pymongo
 from pymongo.errors import AutoReconnect, ConnectionFailure
 
-from conftest import assert_clean_exit, free_port, metric_counter as _counter, \
+from conftest import assert_clean_exit, free_port, metric_counter as _counter, point_reads, \
     threads_running, wait_until
 
 TAKEN = "stripedb_shard_read_txns_taken_over_total"
@@ -169,17 +170,11 @@ def test_the_wal_restarts_under_continuous_loop_reads_and_writes(shard, tmp_path
     taken0 = _counter(proc, TAKEN)
     stop = threading.Event()
 
-    def reader(k):
-        with pymongo.MongoClient(uri, maxPoolSize=1) as c:
-            n = 0
-            while not stop.is_set():
-                c.walgrow.c.find_one({"_id": (k + n) % 20})
-                n += 1
-
     pad = "p" * (64 * 1024)
     max_wal = 0
     written = 0
-    with threads_running(stop, reader, [(k,) for k in range(3)]), \
+    with threads_running(stop, point_reads,
+                         [(stop, port, "walgrow", "c", 20, k) for k in range(3)]), \
             pymongo.MongoClient(uri) as w:
         for i in range(1200):
             w.walgrow.c.update_one({"_id": i % 20}, {"$set": {"v": i, "pad": pad + str(i)}})
@@ -302,6 +297,26 @@ def test_causal_reads_on_every_member_through_a_kill_a_snapshot_install_and_a_st
     assert all(1000 + i in ids for i in range(1, acked[0] + 1))
 
 
+def _register_reads(stop, uri, tag, out):
+    """Read the register (lin.r, _id 0) on one connection to uri until stop is set, as a
+    point read on the loop and, every third read, a three-value $in on a worker; append
+    (start ns, end ns, value, tag + (n,)) for each to out at the end."""
+    mine = []
+    with pymongo.MongoClient(uri, maxPoolSize=1) as c:
+        coll = c.lin.r
+        n = 0
+        while not stop.is_set():
+            t0 = time.monotonic_ns()
+            if n % 3 == 2:
+                docs = list(coll.find({"_id": {"$in": [0, 1, 2]}}))
+                v = [d["v"] for d in docs if d["_id"] == 0][0]
+            else:
+                v = coll.find_one({"_id": 0})["v"]
+            mine.append((t0, time.monotonic_ns(), v, tag + (n,)))
+            n += 1
+    out.extend(mine)
+
+
 def _real_time_violations(history):
     """history: [(start_ns, end_ns, value, who)] of reads of a register that only grows.
     Linearizable reads: a read that began after another ended never returns less. Returns
@@ -328,7 +343,6 @@ def test_reads_on_the_loop_and_on_workers_are_linearizable_across_connections(sh
     increase, on many connections: a read that began after another ended (in this
     process's monotonic clock) never returns a smaller value, and none returns less than
     what was acknowledged before it began."""
-    import time
     proc, port = shard
     uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
     with pymongo.MongoClient(uri) as c:
@@ -339,24 +353,8 @@ def test_reads_on_the_loop_and_on_workers_are_linearizable_across_connections(sh
     acked = []  # (ack_ns, value)
     problems = []
 
-    def reader(k):
-        mine = []
-        with pymongo.MongoClient(uri, maxPoolSize=1) as c:
-            coll = c.lin.r
-            n = 0
-            while not stop.is_set():
-                t0 = time.monotonic_ns()
-                if n % 3 == 2:
-                    docs = list(coll.find({"_id": {"$in": [0, 1, 2]}}))
-                    v = [d["v"] for d in docs if d["_id"] == 0][0]
-                else:
-                    v = coll.find_one({"_id": 0})["v"]
-                t1 = time.monotonic_ns()
-                mine.append((t0, t1, v, (k, n)))
-                n += 1
-        history.extend(mine)
-
-    with threads_running(stop, reader, [(k,) for k in range(5)]):
+    with threads_running(stop, _register_reads,
+                         [(stop, uri, (k,), history) for k in range(5)]):
         with pymongo.MongoClient(uri, maxPoolSize=1) as w:
             for i in range(1, 2001):
                 w.lin.r.update_one({"_id": 0}, {"$set": {"v": i}})
@@ -388,7 +386,6 @@ def test_a_secondarys_reads_are_monotonic_across_its_connections(start_role, tmp
     reads keep transactions on), under w: 1 writes on the primary: a read that began after
     another read of the same member ended never returns a smaller value of a register
     that only grows, across connections (the member's applied state only grows)."""
-    import time
     from test_shard_replset import primary_index, start_set
     procs, wires, uri = start_set(start_role, tmp_path)
     with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
@@ -404,24 +401,9 @@ def test_a_secondarys_reads_are_monotonic_across_its_connections(start_role, tmp
     stop = threading.Event()
     history = {i: [] for i in sec}
 
-    def reader(m, k):
-        mine = []
-        with pymongo.MongoClient(f"mongodb://127.0.0.1:{wires[m]}/?directConnection=true",
-                                 maxPoolSize=1) as c:
-            coll = c.lin.r
-            n = 0
-            while not stop.is_set():
-                t0 = time.monotonic_ns()
-                if n % 3 == 2:
-                    docs = list(coll.find({"_id": {"$in": [0, 1, 2]}}))
-                    v = [d["v"] for d in docs if d["_id"] == 0][0]
-                else:
-                    v = coll.find_one({"_id": 0})["v"]
-                mine.append((t0, time.monotonic_ns(), v, (m, k, n)))
-                n += 1
-        history[m].extend(mine)
-
-    with threads_running(stop, reader, [(m, k) for m in sec for k in range(3)]):
+    with threads_running(stop, _register_reads,
+                         [(stop, f"mongodb://127.0.0.1:{wires[m]}/?directConnection=true",
+                           (m, k), history[m]) for m in sec for k in range(3)]):
         with pymongo.MongoClient(f"mongodb://127.0.0.1:{wires[p]}/?directConnection=true",
                                  maxPoolSize=1, retryWrites=False) as w:
             for i in range(1, 801):

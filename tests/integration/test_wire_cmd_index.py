@@ -17,7 +17,7 @@ import struct
 
 import bson
 
-from conftest import metric_counter as _counter
+from conftest import metric_counter as _counter, raw_doc, raw_msg, recv_exact
 
 OP_MSG = 2013
 FILLERS = [("skip", 0), ("batchSize", 100), ("singleBatch", True), ("comment", "c"),
@@ -30,27 +30,10 @@ FILLERS = [("skip", 0), ("batchSize", 100), ("singleBatch", True), ("comment", "
            ("lsid", {"id": bson.Binary(b"\x02" * 16, 4)})]
 
 
-def _recv_exact(s, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        assert chunk, "connection closed"
-        buf += chunk
-    return buf
-
-
-def _raw_doc(pairs):
-    """The BSON document of pairs [(key, value), ...], in order, repeats kept (a dict, SON
-    included, cannot hold a key twice)."""
-    elems = b"".join(bson.encode({k: v})[4:-1] for k, v in pairs)
-    return struct.pack("<i", len(elems) + 5) + elems + b"\x00"
-
-
 def _command(s, rid, pairs):
-    payload = struct.pack("<I", 0) + b"\x00" + _raw_doc(pairs)
-    s.sendall(struct.pack("<iiii", 16 + len(payload), rid, 0, OP_MSG) + payload)
-    length, _rid, response_to, opcode = struct.unpack("<iiii", _recv_exact(s, 16))
-    rest = _recv_exact(s, length - 16)
+    s.sendall(raw_msg(rid, raw_doc(pairs)))
+    length, _rid, response_to, opcode = struct.unpack("<iiii", recv_exact(s, 16))
+    rest = recv_exact(s, length - 16)
     assert opcode == OP_MSG and response_to == rid
     return bson.decode(rest[5:])
 
