@@ -405,36 +405,54 @@ static void filter_for(bench *b, int64_t key, bson_t *f)
 	}
 }
 
+/* The int64 value of field "v" of the first document of a find reply's
+ * cursor.firstBatch (*v unchanged when there is none). */
+static void first_batch_v(const bson_t *reply, int64_t *v)
+{
+	bson_iter_t it, sub;
+
+	if (bson_iter_init_find(&it, reply, "cursor") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+	    bson_iter_recurse(&it, &sub) && bson_iter_find(&sub, "firstBatch") &&
+	    BSON_ITER_HOLDS_ARRAY(&sub) && bson_iter_recurse(&sub, &it) && bson_iter_next(&it) &&
+	    BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &sub) &&
+	    bson_iter_find(&sub, "v")) {
+		*v = bson_iter_as_int64(&sub);
+	}
+}
+
+/* A point read: the find command {find, filter, limit: 1} that libmongoc's
+ * find_with_opts cursor sends (the same command on the wire: implicit session lsid,
+ * retryable read), run through mongoc_collection_read_command_with_opts, which does
+ * not build a cursor per read (the cursor cost the client ~21% more CPU per read,
+ * tests/bench/README.md, issue #19). */
 static void op_read(bench *b, worker *w, mongoc_collection_t *c, bench_op kind)
 {
 	int64_t key = pick_key(b, w);
-	bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER;
-	const bson_t *doc;
+	bson_t f = BSON_INITIALIZER, cmd = BSON_INITIALIZER, reply;
 	bson_error_t e;
-	bson_iter_t it;
-	mongoc_cursor_t *cur;
 	uint64_t t0, t1;
 	int64_t seen = 0;
 	int failed;
 
 	filter_for(b, key, &f);
-	BSON_APPEND_INT32(&opts, "limit", 1);
+	BSON_APPEND_UTF8(&cmd, "find", b->coll);
+	BSON_APPEND_DOCUMENT(&cmd, "filter", &f);
+	BSON_APPEND_INT32(&cmd, "limit", 1);
 	t0 = sdb_mono_ns();
-	cur = mongoc_collection_find_with_opts(c, &f, &opts, NULL);
-	if (mongoc_cursor_next(cur, &doc) && bson_iter_init_find(&it, doc, "v")) {
-		seen = bson_iter_as_int64(&it);
+	failed = !mongoc_collection_read_command_with_opts(c, &cmd, NULL, NULL, &reply, &e);
+	if (!failed) {
+		first_batch_v(&reply, &seen);
 	}
-	failed = mongoc_cursor_error(cur, &e);
 	t1 = sdb_mono_ns();
-	mongoc_cursor_destroy(cur);
 	pthread_mutex_lock(&w->mu);
 	record_lat(w, kind, t0, t1, &e, failed);
 	if (!failed) {
 		record_ev(w, BENCH_EV_READ, key, seen, BENCH_OK, 0, t0, t1);
 	}
 	pthread_mutex_unlock(&w->mu);
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
 	bson_destroy(&f);
-	bson_destroy(&opts);
 }
 
 /* The integer field name of reply (0 when absent). */
