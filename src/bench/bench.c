@@ -406,18 +406,47 @@ static void filter_for(bench *b, int64_t key, bson_t *f)
 }
 
 /* The int64 value of field "v" of the first document of a find reply's
- * cursor.firstBatch (*v unchanged when there is none). */
-static void first_batch_v(const bson_t *reply, int64_t *v)
+ * cursor.firstBatch (*v unchanged when the batch is empty: the key is absent). A reply
+ * that is not the closed one-batch cursor a find with limit 1 answers -- no cursor
+ * document, no int id, no firstBatch array, a batch element that is not a document, or
+ * an open cursor (id != 0) with an empty first batch, whose document could still come
+ * in a getMore -- is an error (-1, e filled, as libmongoc's cursor fails such a reply):
+ * the read is recorded as failed, never as a read of an absent key. */
+static int first_batch_v(const bson_t *reply, int64_t *v, bson_error_t *e)
 {
-	bson_iter_t it, sub;
+	bson_iter_t it, cur, batch, doc;
+	int64_t id = 0;
+	bool have_id = false, have_batch = false;
 
-	if (bson_iter_init_find(&it, reply, "cursor") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
-	    bson_iter_recurse(&it, &sub) && bson_iter_find(&sub, "firstBatch") &&
-	    BSON_ITER_HOLDS_ARRAY(&sub) && bson_iter_recurse(&sub, &it) && bson_iter_next(&it) &&
-	    BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &sub) &&
-	    bson_iter_find(&sub, "v")) {
-		*v = bson_iter_as_int64(&sub);
+	if (!bson_iter_init_find(&it, reply, "cursor") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+	    !bson_iter_recurse(&it, &cur))
+		goto bad;
+	while (bson_iter_next(&cur)) {
+		const char *k = bson_iter_key(&cur);
+		if (strcmp(k, "id") == 0 && BSON_ITER_HOLDS_INT(&cur)) {
+			id = bson_iter_as_int64(&cur);
+			have_id = true;
+		} else if (strcmp(k, "firstBatch") == 0 && BSON_ITER_HOLDS_ARRAY(&cur)) {
+			batch = cur;
+			have_batch = true;
+		}
 	}
+	if (!have_id || !have_batch || !bson_iter_recurse(&batch, &it))
+		goto bad;
+	if (!bson_iter_next(&it)) {
+		if (id != 0)
+			goto bad;
+		return 0;
+	}
+	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &doc))
+		goto bad;
+	if (bson_iter_find(&doc, "v"))
+		*v = bson_iter_as_int64(&doc);
+	return 0;
+bad:
+	bson_set_error(e, MONGOC_ERROR_CURSOR, MONGOC_ERROR_CURSOR_INVALID_CURSOR,
+		       "invalid reply to the find command of a point read");
+	return -1;
 }
 
 /* A point read: the find command {find, filter, limit: 1} that libmongoc's
@@ -441,7 +470,7 @@ static void op_read(bench *b, worker *w, mongoc_collection_t *c, bench_op kind)
 	t0 = sdb_mono_ns();
 	failed = !mongoc_collection_read_command_with_opts(c, &cmd, NULL, NULL, &reply, &e);
 	if (!failed) {
-		first_batch_v(&reply, &seen);
+		failed = first_batch_v(&reply, &seen, &e) != 0;
 	}
 	t1 = sdb_mono_ns();
 	pthread_mutex_lock(&w->mu);
