@@ -126,3 +126,115 @@ def test_bench_usage_errors():
     assert r.returncode == 2
     r = bench("--frobnicate")
     assert r.returncode == 2
+
+
+class _FindReplyRewriter:
+    """A TCP relay in front of a shard that replaces the reply to every `find` on
+    ycsb.usertable with a `find` filter on _id (the bench's point read) by one that is
+    not a closed one-batch cursor: mode "no_cursor" ({ok: 1}), "no_batch" (a cursor
+    without firstBatch) or "open_empty" (an empty firstBatch on an open cursor, whose
+    document would come in a getMore). Everything else passes byte for byte."""
+
+    def __init__(self, target_port, mode):
+        import socket
+        import threading
+        from conftest import free_port
+        self.target, self.mode, self.port = target_port, mode, free_port()
+        self.ls = socket.socket()
+        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.ls.bind(("127.0.0.1", self.port))
+        self.ls.listen(64)
+        self.rewritten = 0
+        self.socks = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self):
+        for s in [self.ls] + self.socks:
+            s.close()
+
+    @staticmethod
+    def _read(s):
+        import struct
+        buf = b""
+        while len(buf) < 16 or len(buf) < struct.unpack("<i", buf[:4])[0]:
+            k = s.recv(65536 if len(buf) < 16 else struct.unpack("<i", buf[:4])[0] - len(buf))
+            if not k:
+                raise ConnectionError("eof")
+            buf += k
+        return buf
+
+    def _accept(self):
+        import socket
+        import threading
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            s = socket.create_connection(("127.0.0.1", self.target))
+            self.socks += [c, s]
+            points = set()  # request ids of point reads on this connection
+            threading.Thread(target=self._pump, args=(c, s, points, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(s, c, points, False), daemon=True).start()
+
+    def _pump(self, a, b, points, to_server):
+        import struct
+        import bson
+        try:
+            while True:
+                msg = self._read(a)
+                _, req, resp, op = struct.unpack("<iiii", msg[:16])
+                if op == 2013 and msg[20] == 0:
+                    n = struct.unpack("<i", msg[21:25])[0]
+                    doc = bson.decode(msg[21:21 + n])
+                    if to_server:
+                        if (doc.get("find") == "usertable" and doc.get("$db") == "ycsb"
+                                and "_id" in doc.get("filter", {})):
+                            points.add(req)
+                    elif resp in points:
+                        points.discard(resp)
+                        cur = doc.get("cursor", {})
+                        doc = {"no_cursor": {"ok": 1.0},
+                               "no_batch": {"cursor": {"id": bson.Int64(0),
+                                                       "ns": cur.get("ns", "")},
+                                            "ok": 1.0},
+                               "open_empty": {"cursor": {"id": bson.Int64(4242),
+                                                         "ns": cur.get("ns", ""),
+                                                         "firstBatch": []},
+                                              "ok": 1.0}}[self.mode]
+                        self.rewritten += 1
+                        payload = struct.pack("<I", 0) + b"\x00" + bson.encode(doc)
+                        msg = struct.pack("<iiii", 16 + len(payload), req, resp, op) + payload
+                b.sendall(msg)
+        except (OSError, ConnectionError):
+            for s in (a, b):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+
+def test_bench_point_read_of_a_malformed_reply_is_a_failure(shard, tmp_path):
+    """A point read whose reply is not the closed one-batch cursor of a find with limit 1
+    is an error (as libmongoc's cursor made it), never a read that saw the key absent: the
+    history has no such read and the report counts it under "other"."""
+    _, port = shard
+    r = bench("--uri", uri(port), "--workload", "c", "--records", "50", "--threads", "1",
+              "--seconds", "0.2", "--no-check", "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for mode in ("no_cursor", "no_batch", "open_empty"):
+        relay = _FindReplyRewriter(port, mode)
+        try:
+            j, h = tmp_path / f"{mode}.json", tmp_path / f"{mode}.jsonl"
+            r = bench("--uri", uri(relay.port), "--workload", "c", "--records", "50",
+                      "--threads", "1", "--seconds", "0.4", "--no-load", "--no-check",
+                      "--json", str(j), "--history", str(h), "--quiet")
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert relay.rewritten > 0, mode
+            reads = [e for e in map(json.loads, h.read_text().splitlines())
+                     if e["op"] == "read"]
+            assert reads == [], (mode, reads[:3])
+            ph = json.loads(j.read_text())["phases"][0]
+            assert ph["errors"]["other"] == relay.rewritten, (mode, ph)
+        finally:
+            relay.close()
