@@ -210,17 +210,27 @@ def threads_running(stop, target, args_list, join_timeout=60):
             t.join(timeout=join_timeout)
 
 
-def point_reads(stop, port, db, coll, n_ids, k, stride=1):
+def point_reads(stop, port, db, coll, n_ids, k, stride=1, through_faults=False):
     """Point reads by _id on one connection to 127.0.0.1:port (directConnection) until
     stop (a threading.Event) is set: _id (k * stride + n) % n_ids for n = 0, 1, ...; a
-    threads_running target for readers that only keep a shard's loop reading."""
+    threads_running target for readers that only keep a shard's loop reading.
+    through_faults: the member may be stopped, killed or not serving yet; a read that
+    fails (connection lost, refused, timed out, or a server error) is skipped after 50 ms
+    and the next one goes (short selection and socket timeouts)."""
     import pymongo
+    from pymongo.errors import ConnectionFailure, OperationFailure
+    opts = dict(serverSelectionTimeoutMS=1000, socketTimeoutMS=5000) if through_faults else {}
     with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
-                             maxPoolSize=1) as c:
+                             maxPoolSize=1, **opts) as c:
         target = c[db][coll]
         n = 0
         while not stop.is_set():
-            target.find_one({"_id": (k * stride + n) % n_ids})
+            try:
+                target.find_one({"_id": (k * stride + n) % n_ids})
+            except (ConnectionFailure, OperationFailure):
+                if not through_faults:
+                    raise
+                stop.wait(0.05)
             n += 1
 
 

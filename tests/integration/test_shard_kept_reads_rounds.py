@@ -206,22 +206,6 @@ def test_causal_reads_on_every_member_through_a_kill_a_snapshot_install_and_a_st
     checked = [0] * 3
     down = set()
 
-    def hammer(i, k):
-        c = pymongo.MongoClient(f"mongodb://127.0.0.1:{wires[i]}/?directConnection=true",
-                                maxPoolSize=1, serverSelectionTimeoutMS=1000,
-                                socketTimeoutMS=5000)
-        try:
-            n = 0
-            while not stop.is_set():
-                try:
-                    c.app.c.find_one({"_id": (k * 7 + n) % 20})
-                except (AutoReconnect, ConnectionFailure,
-                        pymongo.errors.OperationFailure):
-                    stop.wait(0.05)
-                n += 1
-        finally:
-            c.close()
-
     readers = [pymongo.MongoClient(f"mongodb://127.0.0.1:{w}/?directConnection=true",
                                    maxPoolSize=1, serverSelectionTimeoutMS=1000,
                                    socketTimeoutMS=20000) for w in wires]
@@ -260,7 +244,9 @@ def test_causal_reads_on_every_member_through_a_kill_a_snapshot_install_and_a_st
                 if 1000 + i not in docs:
                     problems.append(f"member {m} after write {i}: insert {1000 + i} missing")
 
-    with threads_running(stop, hammer, [(i, k) for i in range(3) for k in range(2)]):
+    with threads_running(stop, point_reads,
+                         [(stop, wires[i], "app", "c", 20, k, 7, True)
+                          for i in range(3) for k in range(2)]):
         with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000, w="majority",
                                  retryWrites=True) as wc:
             write_and_check(wc, 40)
