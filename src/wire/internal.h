@@ -80,6 +80,14 @@ struct wire_conn {
 	 * its completion wakes the loop even when the reply went out. Under srv->mu. */
 	bool want_done;
 	wire_exhaust *exhaust;      /* a legacy exhaust cursor's next getMore, or NULL */
+	/* Replies of pipelined messages held back while finish_done runs their successors
+	 * (issue #19): written together, in one send, when the connection's run of
+	 * pipelined messages ends or the pass does (server.c conn_write_rest, out_flush).
+	 * Loop thread only. out_next: srv->out_conns, while out_queued. */
+	uint8_t *out;
+	size_t out_len, out_cap;
+	bool out_queued;
+	wire_conn *out_next;
 };
 
 /* The most top-level keys of a command wire_req_cmd_find indexes (a driver's find or
@@ -155,6 +163,11 @@ struct wire_server {
 	 * other I/O. */
 	uv_idle_t finish;
 	bool finish_active;
+	/* finish_done is running: a reply whose connection has another whole message read
+	 * (a pipelined one, which that pass runs next) is held in the connection's out
+	 * buffer, and out_conns lists the connections holding some (wire_conn.out). */
+	bool batching;
+	wire_conn *out_conns;
 	/* A request whose reply its handler's thread sent (req_complete) is finished
 	 * lazily: put on the done list without waking the loop, and finished when the loop
 	 * next wakes: its connection's next message or EOF (on_read), or any other event

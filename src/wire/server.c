@@ -89,6 +89,7 @@ static void conn_unref(wire_conn *conn)
 	uv_mutex_destroy(&conn->wmu);
 	exhaust_free(conn->exhaust);
 	free(conn->rbuf);
+	free(conn->out);
 	free(conn);
 }
 
@@ -117,7 +118,9 @@ static wire_req *req_new(wire_conn *conn, int32_t request_id, int32_t op_code, b
 	sdb_gauge_add(conn->srv->m_running, 1);
 	conn_set_state(conn, WIRE_CONN_BUSY);
 	uv_mutex_lock(&conn->wmu);
-	conn->direct_ok = conn->tls == NULL && conn->writes_pending == 0 && !no_reply;
+	/* not while earlier replies are held (conn->out): they go first */
+	conn->direct_ok =
+		conn->tls == NULL && conn->writes_pending == 0 && conn->out_len == 0 && !no_reply;
 	uv_mutex_unlock(&conn->wmu);
 	return req;
 }
@@ -260,6 +263,10 @@ static void conn_close(wire_conn *conn)
 {
 	if (conn->state == WIRE_CONN_CLOSING)
 		return;
+	if (conn->out_len > 0) /* held replies (conn_write_rest): what the socket takes */
+		(void)uv_try_write((uv_stream_t *)&conn->tcp,
+				   &(uv_buf_t){.base = (char *)conn->out, .len = conn->out_len}, 1);
+	conn->out_len = 0;
 	/* no reply is sent on the socket from here on (reply_direct) */
 	uv_mutex_lock(&conn->wmu);
 	conn->direct_ok = false;
@@ -272,10 +279,15 @@ static void conn_close(wire_conn *conn)
 
 /* Close a connection that has nothing left to do when the server is draining or the
  * connection was marked to close once its reply is written. */
+static void out_flush(wire_conn *conn);
+
 static void conn_maybe_close_idle(wire_conn *conn)
 {
-	if (conn->state == WIRE_CONN_READING && conn->writes_pending == 0 &&
-	    (conn->close_when_idle || !srv_reading(conn->srv)))
+	if (conn->state != WIRE_CONN_READING ||
+	    !(conn->close_when_idle || !srv_reading(conn->srv)))
+		return;
+	out_flush(conn); /* held replies are written first */
+	if (conn->state == WIRE_CONN_READING && conn->writes_pending == 0)
 		conn_close(conn);
 }
 
@@ -434,9 +446,88 @@ static void conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len)
 	conn_write_rest(conn, buf, len, 0);
 }
 
+static void conn_send(wire_conn *conn, uint8_t *buf, size_t len, size_t off);
+
+/* Has conn a whole message read and not yet run (a pipelined one)? */
+static bool conn_next_whole(const wire_conn *conn)
+{
+	int32_t mlen;
+
+	if (conn->rlen < 4)
+		return false;
+	mlen = wire_msg_peek_length(conn->rbuf);
+	return wire_msg_length_ok(mlen) && (size_t)mlen <= conn->rlen;
+}
+
+/* Write what conn holds (conn->out), if anything. */
+static void out_flush(wire_conn *conn)
+{
+	uint8_t *buf = conn->out;
+	size_t len = conn->out_len;
+
+	if (len == 0)
+		return;
+	conn->out = NULL;
+	conn->out_len = conn->out_cap = 0;
+	conn_send(conn, buf, len, 0);
+}
+
 /* Queue buf[off, len) (buf heap, taken over) on conn as is: the first off bytes went out
- * already (reply_direct). */
+ * already (reply_direct). While finish_done runs (srv->batching), a reply followed by a
+ * whole pipelined message is held (conn->out) and written with the replies after it, in
+ * one send, once the run of pipelined messages ends (a reply with no whole message after
+ * it) or the pass does (out_flush_all): a proxy sends its point reads to a shard several
+ * on one connection (proxy/forwarder.h), and the shard answers those it runs on its loop
+ * in one pass (issue #19). A reply with nothing held and no message after it, every one
+ * a client that does not pipeline gets, is written at once, as before. */
 static void conn_write_rest(wire_conn *conn, uint8_t *buf, size_t len, size_t off)
+{
+	wire_server *srv = conn->srv;
+
+	if (!srv->batching || conn->state == WIRE_CONN_CLOSING ||
+	    (conn->out_len == 0 && !conn_next_whole(conn))) {
+		conn_send(conn, buf, len, off);
+		return;
+	}
+	if (conn->out_cap - conn->out_len < len - off) {
+		size_t cap = conn->out_cap ? conn->out_cap : 4096;
+		while (cap - conn->out_len < len - off)
+			cap *= 2;
+		conn->out = sdb_realloc(conn->out, cap);
+		conn->out_cap = cap;
+	}
+	memcpy(conn->out + conn->out_len, buf + off, len - off);
+	conn->out_len += len - off;
+	free(buf);
+	if (!conn_next_whole(conn)) { /* the run ends here */
+		out_flush(conn);
+		return;
+	}
+	if (!conn->out_queued) {
+		conn->out_queued = true;
+		conn->refs++; /* until out_flush_all */
+		conn->out_next = srv->out_conns;
+		srv->out_conns = conn;
+	}
+}
+
+/* finish_done's end: write what every connection still holds. */
+static void out_flush_all(wire_server *srv)
+{
+	while (srv->out_conns) {
+		wire_conn *conn = srv->out_conns;
+
+		srv->out_conns = conn->out_next;
+		conn->out_next = NULL;
+		conn->out_queued = false;
+		if (conn->state != WIRE_CONN_CLOSING)
+			out_flush(conn);
+		conn_unref(conn);
+	}
+}
+
+/* Write buf[off, len) (buf heap, taken over) on conn now, or queue the rest. */
+static void conn_send(wire_conn *conn, uint8_t *buf, size_t len, size_t off)
 {
 	wire_write *w;
 	uv_buf_t b;
@@ -581,8 +672,15 @@ static void on_finish(uv_idle_t *h)
 }
 
 /* Loop thread: send the replies of every request on the done list, in completion order,
- * and go on reading their connections. */
-static void finish_done(wire_server *srv)
+ * and go on reading their connections. A connection's next pipelined message runs then,
+ * and when it completes on the loop (a shard's point read) its request is finished in the
+ * same pass, its reply held with the one before (conn_write_rest), up to
+ * FINISH_ROUNDS rounds, so that a proxy's pipelined reads cost the shard one read and
+ * one write of the socket, not one each plus a loop iteration (issue #19). */
+#define FINISH_ROUNDS 64
+
+/* One round of finish_done: the requests on the done list now. False when it was empty. */
+static bool finish_round(wire_server *srv)
 {
 	wire_req *req, *next;
 
@@ -592,6 +690,8 @@ static void finish_done(wire_server *srv)
 	for (wire_req *r = req; r; r = r->next)
 		r->conn->want_done = false;
 	uv_mutex_unlock(&srv->mu);
+	if (req == NULL)
+		return false;
 
 	for (; req; req = next) {
 		wire_conn *conn = req->conn;
@@ -616,6 +716,31 @@ static void finish_done(wire_server *srv)
 		}
 		wire__req_free(req);
 		conn_unref(conn);
+	}
+	return true;
+}
+
+static void finish_done(wire_server *srv)
+{
+	bool outer = srv->batching;
+
+	srv->batching = true;
+	for (int round = 0; round < FINISH_ROUNDS && finish_round(srv); round++)
+		;
+	if (!outer) {
+		bool empty;
+
+		out_flush_all(srv);
+		srv->batching = false;
+		/* what completed on the loop in the last round was finished in it: no idle
+		 * round (and no epoll_wait without a timeout) for an empty list */
+		uv_mutex_lock(&srv->mu);
+		empty = srv->done_head == NULL;
+		uv_mutex_unlock(&srv->mu);
+		if (empty && srv->finish_active) {
+			uv_idle_stop(&srv->finish);
+			srv->finish_active = false;
+		}
 	}
 	srv_maybe_finish(srv);
 }
