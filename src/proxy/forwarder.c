@@ -26,6 +26,7 @@
 
 #define FW_FIRST_BUF 16384 /* a reply's first buffer: most point reads fit */
 #define FW_INSERT_BYTES (256 * 1024) /* the largest insert command taken */
+#define FW_PIPELINE 16 /* finds sent together on one connection, at most */
 
 /* What the forwarder sends: a find, or a write and which. */
 enum fw_kind { FW_FIND, FW_UPDATE, FW_DELETE, FW_INSERT };
@@ -39,29 +40,47 @@ typedef struct fw_conn fw_conn;
 typedef struct fw_member {
 	shardwire *w;
 	fw_conn *idle; /* singly linked through fw_conn.next */
+	fw_conn *filling; /* taking this round's finds (fw_conn.out), or NULL */
 	size_t n_conns; /* open: idle and busy */
 } fw_member;
 
+/* One command the loop sent, or is to send at the round's end (fw_flush), on a
+ * connection, until it is answered or handed on. */
+typedef struct fw_op {
+	wire_req *req; /* the client's request */
+	char *shard;   /* the shard's id (heap) */
+	bool write;    /* req is a write (an update, a delete, an insert), else a find */
+	bool update;   /* write: an update (else a delete or an insert) */
+	bool sent;     /* on the wire (else in its connection's out) */
+	route_coll *rc; /* a sharded collection's routing the command was built from (one
+			 * reference), NULL when unsharded */
+	proxy_txn txn; /* write: its session fields (views into req's command) */
+	int32_t request_id; /* its message's; the answer's responseTo */
+	struct fw_op *next; /* its connection's queue */
+} fw_op;
+
 /* One connection of the loop. Idle: in its member's idle list, polled for anything
- * readable (which closes it). Busy: one request in flight (req, shard), in fw->busy. */
+ * readable (which closes it). Busy: in fw->busy, with its commands queued in the order
+ * they are sent, which is the order the member answers them (a connection runs one
+ * message at a time, wire/server.h): one write, or up to FW_PIPELINE finds sent together
+ * at the end of the loop's round (fw_flush), never more commands after those. */
 struct fw_conn {
 	px_forwarder *fw;
 	fw_member *m;
 	int fd;
-	int32_t request_id; /* the last one sent */
+	int32_t request_id; /* the last one used */
 	uv_poll_t poll;
 	uv_timer_t timer;
 	int handles; /* of poll and timer, not yet closed */
 	bool closing;
-	bool failed; /* its poll reported an error (and stopped): never kept */
-	wire_req *req; /* busy: the client's request */
-	char *shard;   /* busy: the shard's id (heap) */
-	bool write;    /* busy: req is a write (an update, a delete, an insert), else a find */
-	bool update;   /* busy, write: an update (else a delete or an insert) */
-	route_coll *rc; /* busy: a sharded collection's routing the command was built from
-			 * (one reference), NULL when unsharded */
-	proxy_txn txn; /* busy, write: its session fields (views into req's command) */
-	uint8_t *buf;  /* the answer as it arrives */
+	bool failed; /* its poll reported an error (and stopped), or it broke: never kept */
+	fw_op *head, *tail; /* busy: its commands, oldest first */
+	size_t n_ops;
+	uint8_t *out; /* finds encoded this round, sent by fw_flush */
+	size_t out_len, out_cap;
+	bool queued; /* in fw->flush */
+	fw_conn *flush_next;
+	uint8_t *buf;  /* answers as they arrive */
 	size_t got, cap;
 	fw_conn *next, *prev; /* the member's idle list (next only), or fw->busy */
 };
@@ -71,11 +90,14 @@ struct px_forwarder {
 	fw_member **members;
 	size_t n_members;
 	fw_conn *busy;
-	size_t n_open; /* conns whose handles are not all closed */
+	fw_conn *flush; /* connections with finds to send (fw_conn.queued) */
+	uv_check_t check;     /* fw_flush after the round's I/O callbacks */
+	uv_prepare_t prepare; /* and before the loop blocks (commands from other phases) */
+	size_t n_open; /* conns whose handles are not all closed, and check and prepare */
 	bool stopping, free_when_closed;
 };
 
-static sdb_counter *m_answered, *m_fallbacks;
+static sdb_counter *m_answered, *m_fallbacks, *m_find_sends;
 static sdb_gauge *m_in_flight;
 
 px_forwarder *px_forwarder_new(proxy *p)
@@ -95,11 +117,22 @@ px_forwarder *px_forwarder_new(proxy *p)
 			"batch, a failed or closed connection, a socket timeout, the proxy's "
 			"stop).",
 			NULL);
+		m_find_sends = sdb_metrics_counter(
+			"stripedb_proxy_loop_find_sends_total",
+			"Sends of the loop's point finds to a shard member, each carrying the "
+			"finds of one round of the loop for that member, at most 16 "
+			"(forwarder.h).",
+			NULL);
 		m_in_flight = sdb_metrics_gauge(
 			"stripedb_proxy_loop_commands_in_flight",
 			"Commands sent by the proxy's loop thread and not answered yet.", NULL);
 	}
 	fw->p = p;
+	uv_check_init(p->loop, &fw->check);
+	uv_prepare_init(p->loop, &fw->prepare);
+	fw->check.data = fw;
+	fw->prepare.data = fw;
+	fw->n_open = 2;
 	return fw;
 }
 
@@ -366,6 +399,14 @@ static fw_member *member_of(px_forwarder *fw, shardwire *w)
 	return found;
 }
 
+static void fw_free_now(px_forwarder *fw)
+{
+	for (size_t i = 0; i < fw->n_members; i++)
+		free(fw->members[i]);
+	free(fw->members);
+	free(fw);
+}
+
 static void on_handle_closed(uv_handle_t *h)
 {
 	fw_conn *c = h->data;
@@ -375,23 +416,49 @@ static void on_handle_closed(uv_handle_t *h)
 		return;
 	close(c->fd);
 	free(c->buf);
+	free(c->out);
 	free(c);
-	fw->n_open--;
-	if (fw->n_open == 0 && fw->free_when_closed) {
-		for (size_t i = 0; i < fw->n_members; i++)
-			free(fw->members[i]);
-		free(fw->members);
-		free(fw);
-	}
+	if (--fw->n_open == 0 && fw->free_when_closed)
+		fw_free_now(fw);
 }
 
-/* Close c (idle, or busy with its request already handed on). */
+/* The close callback of fw's check and prepare handles. */
+static void on_fw_handle_closed(uv_handle_t *h)
+{
+	px_forwarder *fw = h->data;
+
+	if (--fw->n_open == 0 && fw->free_when_closed)
+		fw_free_now(fw);
+}
+
+/* Take idle c out of its member's idle list. */
+static void idle_remove(fw_conn *c)
+{
+	for (fw_conn **pp = &c->m->idle; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			c->next = NULL;
+			return;
+		}
+}
+
+/* Close c (idle, or busy with its commands already answered or handed on). */
 static void conn_close(fw_conn *c)
 {
 	if (c->closing)
 		return;
 	c->closing = true;
 	c->m->n_conns--;
+	if (c->m->filling == c)
+		c->m->filling = NULL;
+	if (c->queued) {
+		for (fw_conn **pp = &c->fw->flush; *pp; pp = &(*pp)->flush_next)
+			if (*pp == c) {
+				*pp = c->flush_next;
+				break;
+			}
+		c->queued = false;
+	}
 	uv_close((uv_handle_t *)&c->poll, on_handle_closed);
 	uv_close((uv_handle_t *)&c->timer, on_handle_closed);
 }
@@ -406,6 +473,7 @@ static fw_conn *conn_get(px_forwarder *fw, fw_member *m)
 
 	if (c) {
 		m->idle = c->next;
+		c->next = NULL;
 		return c;
 	}
 	if (m->n_conns >= PX_FORWARD_CONNS || (fd = shardwire_take_idle_fd(m->w, &rid)) < 0)
@@ -443,17 +511,59 @@ static bool conn_stale(fw_conn *c)
 	return !(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
 }
 
-/* c's request is answered or handed on: c out of the busy list, its request forgotten;
- * then back to its member's idle list (watched), or closed when keep is false, the
- * forwarder stops or the member's own connections were retired. */
-static void conn_release(fw_conn *c, bool keep)
+/* Queue o, a command for c's member, on c (busy from now on, in fw->busy): a wait for its
+ * shard, bounded by its socket timeout, as a request thread's (shardconn_wait_begin): a
+ * graceful stop that times out logs it as a wait, not as a request its handler forgot
+ * (wire_req_wait_begin). */
+static void op_queue(fw_conn *c, fw_op *o)
 {
 	px_forwarder *fw = c->fw;
 
-	uv_timer_stop(&c->timer);
+	sdb_gauge_add(m_in_flight, 1);
+	wire_req_wait_begin(o->req);
+	if (c->tail)
+		c->tail->next = o;
+	else
+		c->head = o;
+	c->tail = o;
+	if (c->n_ops++ == 0) {
+		c->next = fw->busy;
+		c->prev = NULL;
+		if (fw->busy)
+			fw->busy->prev = c;
+		fw->busy = c;
+	}
+}
+
+/* o (of c's queue) is answered or handed on: off the queue, its request forgotten (the
+ * caller has it). keep false: c is not kept. When c has no command left: out of the busy
+ * list, then back to its member's idle list (watched), or closed when a command's keep
+ * was false, c failed, the forwarder stops or the member's own connections were retired. */
+static void op_release(fw_conn *c, fw_op *o, bool keep)
+{
+	px_forwarder *fw = c->fw;
+
 	sdb_gauge_add(m_in_flight, -1);
-	if (c->req)
-		wire_req_wait_end(c->req); /* px_forward_try's begin */
+	wire_req_wait_end(o->req); /* op_queue's begin */
+	for (fw_op **pp = &c->head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next)
+		if (*pp == o) {
+			*pp = o->next;
+			if (c->tail == o)
+				c->tail = prev;
+			break;
+		}
+	c->n_ops--;
+	free(o->shard);
+	if (o->write)
+		proxy_txn_free(&o->txn);
+	if (o->rc)
+		route_coll_unref(o->rc);
+	free(o);
+	if (!keep)
+		c->failed = true;
+	if (c->n_ops > 0)
+		return;
+	uv_timer_stop(&c->timer);
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -461,24 +571,10 @@ static void conn_release(fw_conn *c, bool keep)
 	if (c->next)
 		c->next->prev = c->prev;
 	c->prev = NULL;
-	c->req = NULL;
-	free(c->shard);
-	c->shard = NULL;
-	if (c->write)
-		proxy_txn_free(&c->txn);
-	c->write = false;
-	if (c->rc) {
-		route_coll_unref(c->rc);
-		c->rc = NULL;
-	}
-	c->got = 0;
-	if (c->cap > FW_FIRST_BUF) { /* a large answer's buffer is not kept */
-		free(c->buf);
-		c->buf = NULL;
-		c->cap = 0;
-	}
 	c->next = NULL;
-	if (!keep || c->failed || fw->stopping || shardwire_retired(c->m->w)) {
+	if (c->m->filling == c)
+		c->m->filling = NULL;
+	if (c->failed || fw->stopping || shardwire_retired(c->m->w)) {
 		conn_close(c);
 		return;
 	}
@@ -486,112 +582,120 @@ static void conn_release(fw_conn *c, bool keep)
 	c->m->idle = c;
 }
 
-/* ---------- one read ---------- */
+/* ---------- one command ---------- */
 
-static void op_send(fw_conn *c, bool keep, px_answer *ans);
+static void op_send(fw_conn *c, fw_op *o, bool keep, px_answer *ans);
 
-/* A request context for answering c's request the way its handler would (px_reply_*):
+/* A request context for answering o's request the way its handler would (px_reply_*):
  * the fields those read. ans: where the answer is recorded (px_answer_send sends it). */
-static void fw_ctx(fw_conn *c, ctx *x, px_answer *ans)
+static void fw_ctx(fw_conn *c, fw_op *o, ctx *x, px_answer *ans)
 {
 	memset(x, 0, sizeof *x);
 	memset(ans, 0, sizeof *ans);
 	x->p = c->fw->p;
-	x->req = c->req;
+	x->req = o->req;
 	x->ans = ans;
-	x->cmd = wire_req_cmd(c->req);
-	x->db = wire_req_db(c->req);
-	if (c->write)
-		x->txn = c->txn; /* a copy of the views: freed with c's */
+	x->cmd = wire_req_cmd(o->req);
+	x->db = wire_req_db(o->req);
+	if (o->write)
+		x->txn = o->txn; /* a copy of the views: freed with o's */
 }
 
-/* The answer of c's sharded update or delete (cls, reply, neterr as px_stmt_answer
- * takes them), as px_do_write gives it, sent (keep: as conn_release's). */
-static void op_answer_stmt(fw_conn *c, bool keep, const bson_t *reply, int cls,
+/* The answer of o's sharded update or delete (cls, reply, neterr as px_stmt_answer
+ * takes them), as px_do_write gives it, sent (keep: as op_release's). */
+static void op_answer_stmt(fw_conn *c, fw_op *o, bool keep, const bson_t *reply, int cls,
 			   const char *neterr)
 {
 	ctx x;
 	px_answer ans;
 
-	fw_ctx(c, &x, &ans);
-	(void)px_stmt_answer(&x, c->update, reply, cls, neterr);
-	op_send(c, keep, &ans);
+	fw_ctx(c, o, &x, &ans);
+	(void)px_stmt_answer(&x, o->update, reply, cls, neterr);
+	op_send(c, o, keep, &ans);
 }
 
-/* Count c's command as answered by the loop; a sharded one also as the targeted request
+/* Count o as answered by the loop; a sharded one also as the targeted request
  * px_do_find / px_do_write count (px_note_target: one chunk), here rather than when sent,
- * so that one handed to a request thread is counted once, by that thread. Before c's
- * release (which drops c->rc). */
-static void count_answered(fw_conn *c)
+ * so that one handed to a request thread is counted once, by that thread. Before o's
+ * release (which drops o->rc). */
+static void count_answered(fw_conn *c, fw_op *o)
 {
 	sdb_counter_inc(m_answered);
-	if (c->rc) {
+	if (o->rc) {
 		ctx x = {.p = c->fw->p};
 
-		px_note_target(&x, c->rc, 1);
+		px_note_target(&x, o->rc, 1);
 	}
 }
 
-/* Send the answer recorded in ans (fw_ctx) as c's request's one completion
- * (px_answer_send), after c is released (keep: as conn_release's). */
-static void op_send(fw_conn *c, bool keep, px_answer *ans)
+/* Send the answer recorded in ans (fw_ctx) as o's request's one completion
+ * (px_answer_send), after o is released (keep: as op_release's). */
+static void op_send(fw_conn *c, fw_op *o, bool keep, px_answer *ans)
 {
-	wire_req *req = c->req;
+	wire_req *req = o->req;
 
-	count_answered(c);
-	conn_release(c, keep);
+	count_answered(c, o);
+	op_release(c, o, keep);
 	px_answer_send(req, ans);
 }
 
-/* Hand c's request to a request thread (px_exec_submit) and close c. failed: the
- * connection failed, so the member is no longer trusted as the shard's primary. */
-static void op_fallback(fw_conn *c, bool failed, const char *why)
+/* Hand o's request to a request thread (px_exec_submit). failed: c failed, so the member
+ * is no longer trusted as the shard's primary, and c is not kept. */
+static void op_fallback(fw_conn *c, fw_op *o, bool failed, const char *why)
 {
 	px_forwarder *fw = c->fw;
-	wire_req *req = c->req;
+	wire_req *req = o->req;
 
 	sdb_debug("proxy: loop command handed to a request thread", "shard=%s why=\"%s\"",
-		  c->shard ? c->shard : "", why);
+		  o->shard, why);
 	if (failed)
-		(void)shardconn_forward_done(fw->p->sc, c->shard, c->m->w, NULL);
+		(void)shardconn_forward_done(fw->p->sc, o->shard, c->m->w, NULL);
 	sdb_counter_inc(m_fallbacks);
-	conn_release(c, !failed);
+	op_release(c, o, !failed);
 	px_exec_submit(fw->p, req);
 }
 
-/* c's connection failed after the command was sent (a read or write error, a closed
- * connection, a malformed answer, the socket timeout): the member is no longer trusted
- * as the shard's primary. A read or a retryable write goes to a request thread (its
- * resend); a non-retryable write may have run, so it is answered as px_shard_call
- * answers an unknown outcome it must not resend (px_reply_write_result: HostUnreachable,
- * no label). */
-static void op_failed(fw_conn *c, const char *why)
+/* c's connection failed after o was sent (a read or write error, a closed connection, a
+ * malformed answer, the socket timeout): the member is no longer trusted as the shard's
+ * primary. A read or a retryable write goes to a request thread (its resend), as does a
+ * command never sent; a non-retryable write may have run, so it is answered as
+ * px_shard_call answers an unknown outcome it must not resend (px_reply_write_result:
+ * HostUnreachable, no label). */
+static void op_failed(fw_conn *c, fw_op *o, const char *why)
 {
 	ctx x;
 	px_answer ans;
 	bson_t none = BSON_INITIALIZER;
 	char msg[512];
 
-	if (!c->write || c->txn.on) {
-		op_fallback(c, true, why);
+	if (!o->write || o->txn.on || !o->sent) {
+		op_fallback(c, o, true, why);
 		return;
 	}
-	(void)shardconn_forward_done(c->fw->p->sc, c->shard, c->m->w, NULL);
-	snprintf(msg, sizeof msg, "shard %s: %s: %s", c->shard, shardwire_host(c->m->w), why);
-	if (c->rc) { /* send_stmt_v's network error */
-		op_answer_stmt(c, false, &none, SHARDCONN_NET_ERR, msg);
+	(void)shardconn_forward_done(c->fw->p->sc, o->shard, c->m->w, NULL);
+	snprintf(msg, sizeof msg, "shard %s: %s: %s", o->shard, shardwire_host(c->m->w), why);
+	if (o->rc) { /* send_stmt_v's network error */
+		op_answer_stmt(c, o, false, &none, SHARDCONN_NET_ERR, msg);
 		bson_destroy(&none);
 		return;
 	}
-	fw_ctx(c, &x, &ans);
+	fw_ctx(c, o, &x, &ans);
 	(void)px_reply_write_result(&x, SHARDCONN_NET_ERR, &none, msg);
 	bson_destroy(&none);
-	op_send(c, false, &ans);
+	op_send(c, o, false, &ans);
 }
 
-/* The answer of c's write (ok: what reply says), as forward_plain gives it
+/* c failed (see op_failed): every command on it, oldest first; c closes after the last. */
+static void conn_failed(fw_conn *c, const char *why)
+{
+	c->failed = true;
+	while (c->head)
+		op_failed(c, c->head, why);
+}
+
+/* The answer of o's write (ok: what reply says), as forward_plain gives it
  * (px_reply_write_result); what px_shard_call sends again goes to a request thread. */
-static void op_answer_write(fw_conn *c, const bson_t *reply, bool ok)
+static void op_answer_write(fw_conn *c, fw_op *o, const bson_t *reply, bool ok)
 {
 	int64_t code = ok ? 0 : px_get_int(reply, "code", 0);
 	ctx x;
@@ -600,30 +704,32 @@ static void op_answer_write(fw_conn *c, const bson_t *reply, bool ok)
 	/* px_shard_call's resends: a refusal (it did not run), or any state change of a
 	 * retryable write (the shard recognises the resend); an interruption of a
 	 * non-retryable one (it may have run) is answered as it came (masked) */
-	if (!ok && wire_state_change_code(code) && (c->txn.on || wire_not_executed_code(code))) {
-		op_fallback(c, false, "a state change");
+	if (!ok && wire_state_change_code(code) && (o->txn.on || wire_not_executed_code(code))) {
+		op_fallback(c, o, false, "a state change");
 		return;
 	}
-	if (c->rc) {
+	if (o->rc) {
 		/* stmt_execute's: a StaleConfig refusal (nothing ran) is retried under newer
 		 * routing, which the request thread's run does; anything else is answered */
 		if (!ok && code == WIRE_ERR_STALE_CONFIG)
-			op_fallback(c, false, "StaleConfig");
+			op_fallback(c, o, false, "StaleConfig");
 		else
-			op_answer_stmt(c, true, reply, ok ? SHARDCONN_OK : SHARDCONN_CMD_ERR, "");
+			op_answer_stmt(c, o, true, reply, ok ? SHARDCONN_OK : SHARDCONN_CMD_ERR, "");
 		return;
 	}
-	fw_ctx(c, &x, &ans);
+	fw_ctx(c, o, &x, &ans);
 	(void)px_reply_write_result(&x,
 				    ok			       ? SHARDCONN_OK
 				    : code == WIRE_ERR_STALE_CONFIG ? SHARDCONN_STALE
 								    : SHARDCONN_CMD_ERR,
 				    reply, "");
-	op_send(c, true, &ans);
+	op_send(c, o, true, &ans);
 }
 
-/* The complete answer in c->buf: the client's answer, or the request handed on. */
-static void op_answer(fw_conn *c)
+/* The answer to o, c's oldest command: msg, one complete message of len bytes (read
+ * before it returns, which may release o and close c). The client's answer, or the
+ * request handed on; a malformed answer fails c. */
+static void op_answer(fw_conn *c, fw_op *o, const uint8_t *msg, size_t len)
 {
 	px_forwarder *fw = c->fw;
 	bson_t reply, *out, cd;
@@ -633,17 +739,17 @@ static void op_answer(fw_conn *c)
 	const char *ns = NULL;
 	uint32_t nslen = 0, blen = 0;
 	const uint8_t *batch = NULL;
-	wire_req *req = c->req;
+	wire_req *req = o->req;
 
 	bson_init(&reply);
-	if (shardwire_parse_reply(c->buf, c->got, c->request_id, &reply, err, sizeof err) != 0) {
+	if (shardwire_parse_reply(msg, len, o->request_id, &reply, err, sizeof err) != 0) {
 		bson_destroy(&reply);
-		op_failed(c, err);
+		conn_failed(c, err);
 		return;
 	}
-	bool ok = shardconn_forward_done(fw->p->sc, c->shard, c->m->w, &reply);
-	if (c->write) {
-		op_answer_write(c, &reply, ok);
+	bool ok = shardconn_forward_done(fw->p->sc, o->shard, c->m->w, &reply);
+	if (o->write) {
+		op_answer_write(c, o, &reply, ok);
 		bson_destroy(&reply);
 		return;
 	}
@@ -659,28 +765,28 @@ static void op_answer(fw_conn *c)
 		     bson_iter_init_find(&m, &reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&m) &&
 		     strstr(bson_iter_utf8(&m, NULL), "resolvedView.ns=") != NULL)) {
 			bson_destroy(&reply);
-			op_fallback(c, false, "a state change or a view");
+			op_fallback(c, o, false, "a state change or a view");
 			return;
 		}
-		if (c->rc && code == WIRE_ERR_STALE_CONFIG) {
+		if (o->rc && code == WIRE_ERR_STALE_CONFIG) {
 			/* merged_execute's StaleConfig: retried under newer routing (a request
 			 * thread's run); a shard without filtering metadata is remembered, so
 			 * that its reads go per chunk (scatter_open_once) */
-			(void)px_shard_mode_note(c->rc, c->shard, &reply);
+			(void)px_shard_mode_note(o->rc, o->shard, &reply);
 			bson_destroy(&reply);
-			op_fallback(c, false, "StaleConfig");
+			op_fallback(c, o, false, "StaleConfig");
 			return;
 		}
 		/* any other error is answered as px_forward_cursor answers it */
 		ctx x;
 		px_answer ans;
 
-		fw_ctx(c, &x, &ans);
+		fw_ctx(c, o, &x, &ans);
 		(void)px_reply_shard_error(&x, code == WIRE_ERR_STALE_CONFIG ? SHARDCONN_STALE
 									   : SHARDCONN_CMD_ERR,
 					   &reply, "");
 		bson_destroy(&reply);
-		op_send(c, true, &ans);
+		op_send(c, o, true, &ans);
 		return;
 	}
 	if (bson_iter_init_find(&it, &reply, "cursor") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
@@ -700,9 +806,9 @@ static void op_answer(fw_conn *c)
 		 * this is not expected): a request thread runs it through a proxy cursor; a
 		 * shard cursor left open here ends at the shard's idle timeout */
 		sdb_warn("proxy: a loop read's answer was not one complete batch",
-			 "shard=%s cursor_id=%lld", c->shard, (long long)id);
+			 "shard=%s cursor_id=%lld", o->shard, (long long)id);
 		bson_destroy(&reply);
-		op_fallback(c, false, "not one complete batch");
+		op_fallback(c, o, false, "not one complete batch");
 		return;
 	}
 	/* as exec.c answer_cursor_wce answers a batch that ends the cursor */
@@ -718,8 +824,8 @@ static void op_answer(fw_conn *c)
 	bson_append_document_end(out, &cd);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	bson_destroy(&reply);
-	count_answered(c);
-	conn_release(c, true);
+	count_answered(c, o);
+	op_release(c, o, true);
 	wire_req_reply(req, out);
 }
 
@@ -727,12 +833,12 @@ static void on_timeout(uv_timer_t *t)
 {
 	fw_conn *c = t->data;
 
-	if (c->req)
-		op_failed(c, "socket timeout");
+	if (c->n_ops > 0 && !c->closing)
+		conn_failed(c, "socket timeout");
 }
 
-/* Read what c's member sent. Busy: the answer, until complete; idle: anything (a FIN, an
- * RST, stray bytes) closes c. */
+/* Read what c's member sent. Busy: the answers, each to the oldest command left, until
+ * none is left; idle: anything (a FIN, an RST, stray bytes) closes c. */
 static void on_poll(uv_poll_t *h, int status, int events)
 {
 	fw_conn *c = h->data;
@@ -740,22 +846,16 @@ static void on_poll(uv_poll_t *h, int status, int events)
 	(void)events;
 	if (c->closing)
 		return;
-	if (c->req == NULL) {
+	if (c->n_ops == 0) {
 		/* idle: the member closed it or says something unasked */
-		fw_member *m = c->m;
-
 		shardwire_count_stale();
-		for (fw_conn **pp = &m->idle; *pp; pp = &(*pp)->next)
-			if (*pp == c) {
-				*pp = c->next;
-				break;
-			}
+		idle_remove(c);
 		conn_close(c);
 		return;
 	}
 	/* an error (libuv reports POLLERR as UV_EBADF and stops the poll) may come with the
-	 * answer already received: it is read first, as a request thread's blocking recv
-	 * reads what arrived before a reset; only with nothing (more) to read is it the
+	 * answers already received: they are read first, as a request thread's blocking
+	 * recv reads what arrived before a reset; only with nothing (more) to read is it the
 	 * connection's failure. Either way the connection is not kept. */
 	if (status < 0)
 		c->failed = true;
@@ -763,44 +863,136 @@ static void on_poll(uv_poll_t *h, int status, int events)
 		size_t want = FW_FIRST_BUF;
 		ssize_t k;
 
-		if (c->got >= WIRE_MSG_HEADER_LEN) {
+		/* every whole answer read, each to the oldest command left */
+		while (c->got >= WIRE_MSG_HEADER_LEN) {
 			int32_t len = wire_msg_peek_length(c->buf);
+
 			if (!wire_msg_length_ok(len) || (size_t)len < WIRE_MSG_HEADER_LEN) {
-				op_failed(c, "bad answer length");
+				conn_failed(c, "bad answer length");
 				return;
 			}
-			want = (size_t)len;
-			if (c->got > want) {
-				op_failed(c, "bytes after the answer");
+			if (c->got < (size_t)len) {
+				if ((size_t)len > want)
+					want = (size_t)len;
+				break;
+			}
+			if (c->head == NULL || !c->head->sent) {
+				/* more than was asked: the connection is broken */
+				sdb_debug("proxy: a shard sent an answer to no command",
+					  "shard=%s", shardwire_host(c->m->w));
+				if (c->head) {
+					conn_failed(c, "an answer to no command");
+				} else {
+					shardwire_count_stale();
+					idle_remove(c);
+					conn_close(c);
+				}
 				return;
 			}
-			if (c->got == want) {
-				op_answer(c);
+			op_answer(c, c->head, c->buf, (size_t)len); /* read before it returns */
+			c->got -= (size_t)len;
+			memmove(c->buf, c->buf + len, c->got);
+			if (c->closing)
 				return;
-			}
 		}
-		if (c->cap < want) {
-			c->buf = sdb_realloc(c->buf, want);
-			c->cap = want;
+		if (c->n_ops == 0) {
+			if (c->got > 0) { /* bytes after the last answer */
+				shardwire_count_stale();
+				idle_remove(c);
+				conn_close(c);
+			} else if (c->cap > FW_FIRST_BUF) { /* a large answer's buffer is not kept */
+				free(c->buf);
+				c->buf = NULL;
+				c->cap = 0;
+			}
+			return;
 		}
-		/* before the header, as much as the buffer holds: one recv for most answers
-		 * (the member sends nothing but the answer to the one command in flight; more
-		 * is a broken connection, above) */
-		size_t ask = c->got < WIRE_MSG_HEADER_LEN ? c->cap - c->got : want - c->got;
+		if (c->cap < want || c->cap == c->got) {
+			size_t cap = want > c->got + FW_FIRST_BUF ? want : c->got + FW_FIRST_BUF;
+			c->buf = sdb_realloc(c->buf, cap);
+			c->cap = cap;
+		}
+		/* as much as the buffer holds: one recv for most answers, and for several
+		 * finds sent together */
 		do
-			k = recv(c->fd, c->buf + c->got, ask, MSG_DONTWAIT);
+			k = recv(c->fd, c->buf + c->got, c->cap - c->got, MSG_DONTWAIT);
 		while (k < 0 && errno == EINTR);
 		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
 			if (status < 0) /* the poll stopped: no later event */
-				op_failed(c, uv_strerror(status));
+				conn_failed(c, uv_strerror(status));
 			return; /* the rest comes with a later readable event */
 		}
 		if (k <= 0) {
-			op_failed(c, k == 0 ? "connection closed by the shard" : strerror(errno));
+			conn_failed(c, k == 0 ? "connection closed by the shard" : strerror(errno));
 			return;
 		}
 		c->got += (size_t)k;
 	}
+}
+
+/* Start c's reading of its answers and its socket timeout (that of w's URI). */
+static void conn_sent(fw_conn *c)
+{
+	int ms = shardwire_socket_timeout_ms(c->m->w);
+
+	if (!uv_is_active((uv_handle_t *)&c->poll))
+		uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, on_poll);
+	if (ms > 0 && !uv_is_active((uv_handle_t *)&c->timer))
+		uv_timer_start(&c->timer, on_timeout, (uint64_t)ms, 0);
+}
+
+/* Send every connection's finds of this round, each connection's in one send (fw's check
+ * and prepare callbacks). What does not reach the member whole goes to request threads:
+ * a find has no side effect, so one that reached it whole and runs there as well does no
+ * harm. */
+static void fw_flush(px_forwarder *fw)
+{
+	while (fw->flush) {
+		fw_conn *c = fw->flush;
+		ssize_t k;
+		int send_errno = 0;
+
+		fw->flush = c->flush_next;
+		c->flush_next = NULL;
+		c->queued = false;
+		if (c->m->filling == c)
+			c->m->filling = NULL;
+		if (c->closing || c->out_len == 0)
+			continue;
+		do
+			k = send(c->fd, c->out, c->out_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		while (k < 0 && (send_errno = errno) == EINTR);
+		if (k == (ssize_t)c->out_len) {
+			sdb_counter_inc(m_find_sends);
+			c->out_len = 0;
+			for (fw_op *o = c->head; o; o = o->next)
+				o->sent = true;
+			conn_sent(c);
+			continue;
+		}
+		sdb_debug("proxy: loop commands not sent", "host=%s err=\"%s\"",
+			  shardwire_host(c->m->w), k < 0 ? strerror(send_errno) : "partial send");
+		c->out_len = 0;
+		/* only a failed connection says the member may not be the primary any more; a
+		 * full send buffer (partial, EAGAIN) says nothing of it */
+		if (k < 0 && send_errno != EAGAIN && send_errno != EWOULDBLOCK && c->head)
+			(void)shardconn_forward_done(fw->p->sc, c->head->shard, c->m->w, NULL);
+		c->failed = true;
+		while (c->head)
+			op_fallback(c, c->head, false, "not sent");
+	}
+	uv_check_stop(&fw->check);
+	uv_prepare_stop(&fw->prepare);
+}
+
+static void on_check(uv_check_t *h)
+{
+	fw_flush(h->data);
+}
+
+static void on_prepare(uv_prepare_t *h)
+{
+	fw_flush(h->data);
 }
 
 /* ---------- a sharded collection's point commands ---------- */
@@ -943,14 +1135,26 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 		free(shard);
 		return false;
 	}
-	/* a non-retryable write sent on a connection the member already closed would be an
+	/* A find goes with this round's other finds to the member (m->filling, at most
+	 * FW_PIPELINE on one connection), sent together at the round's end (fw_flush): one
+	 * send, and the member reads them at once and answers them in one write (wire
+	 * server.c finish_done), where one connection per find cost each its own (issue
+	 * #19). A write goes alone, now, on an idle connection: a shard applies a
+	 * connection's commands one at a time, so writes queued on one connection would wait
+	 * for each other's commit instead of sharing one.
+	 *
+	 * A non-retryable write sent on a connection the member already closed would be an
 	 * unknown outcome although it never ran: as shardwire_command does before each send,
 	 * an idle connection with anything to read (a FIN or RST whose poll event the loop
 	 * has not handled yet in this iteration) is dropped first. Finds and retryable
 	 * writes need no check: their failure goes to a request thread. */
-	while ((c = conn_get(fw, m)) != NULL && write && !txn.on && conn_stale(c)) {
-		shardwire_count_stale();
-		conn_close(c);
+	if (!write && m->filling && m->filling->n_ops < FW_PIPELINE && !m->filling->closing) {
+		c = m->filling;
+	} else {
+		while ((c = conn_get(fw, m)) != NULL && write && !txn.on && conn_stale(c)) {
+			shardwire_count_stale();
+			conn_close(c);
+		}
 	}
 	if (c == NULL) {
 		if (write)
@@ -964,9 +1168,7 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	 * forward_plain for a write (its session fields appended) */
 	bson_t sent = BSON_INITIALIZER;
 	uint8_t pre[WIRE_MSG_PREFIX_LEN];
-	struct iovec iov[2];
-	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-	ssize_t k;
+	fw_op *o;
 
 	if (rc) {
 		sharded_cmd(p, req, rc, (size_t)ci, kind, coll, write ? &txn : NULL, &sent);
@@ -983,56 +1185,75 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	shardconn_forward_finish(p->sc, db, &sent);
 	c->request_id = c->request_id == INT32_MAX ? 1 : c->request_id + 1;
 	wire_msg_encode_msg_prefix(pre, c->request_id, 0, 0, sent.len);
-	iov[0].iov_base = pre;
-	iov[0].iov_len = sizeof pre;
-	iov[1].iov_base = (void *)bson_get_data(&sent);
-	iov[1].iov_len = sent.len;
-	int send_errno = 0;
-	do
-		k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-	while (k < 0 && (send_errno = errno) == EINTR);
-	bson_destroy(&sent);
-	if (k != (ssize_t)(sizeof pre + iov[1].iov_len)) {
-		/* nothing complete reached the member (a closed connection, or a send buffer
-		 * too full for one command): it cannot have run; a request thread does it */
-		sdb_debug("proxy: loop command not sent", "shard=%s err=\"%s\"", shard,
-			  k < 0 ? strerror(send_errno) : "partial send");
-		/* only a failed connection says the member may not be the primary any more; a
-		 * command larger than the send buffer (partial, EAGAIN) says nothing of it */
-		if (k < 0 && send_errno != EAGAIN && send_errno != EWOULDBLOCK)
-			(void)shardconn_forward_done(p->sc, shard, w, NULL);
-		if (write)
+	if (!write) {
+		size_t need = sizeof pre + sent.len;
+
+		if (c->out_cap - c->out_len < need) {
+			size_t cap = c->out_cap ? c->out_cap : FW_FIRST_BUF;
+			while (cap - c->out_len < need)
+				cap *= 2;
+			c->out = sdb_realloc(c->out, cap);
+			c->out_cap = cap;
+		}
+		memcpy(c->out + c->out_len, pre, sizeof pre);
+		memcpy(c->out + c->out_len + sizeof pre, bson_get_data(&sent), sent.len);
+		c->out_len += need;
+		bson_destroy(&sent);
+		if (!c->queued) {
+			if (fw->flush == NULL) {
+				uv_check_start(&fw->check, on_check);
+				uv_prepare_start(&fw->prepare, on_prepare);
+			}
+			c->queued = true;
+			c->flush_next = fw->flush;
+			fw->flush = c;
+		}
+		m->filling = c;
+	} else {
+		struct iovec iov[2];
+		struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+		ssize_t k;
+		int send_errno = 0;
+
+		iov[0].iov_base = pre;
+		iov[0].iov_len = sizeof pre;
+		iov[1].iov_base = (void *)bson_get_data(&sent);
+		iov[1].iov_len = sent.len;
+		do
+			k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+		while (k < 0 && (send_errno = errno) == EINTR);
+		bson_destroy(&sent);
+		if (k != (ssize_t)(sizeof pre + iov[1].iov_len)) {
+			/* nothing complete reached the member (a closed connection, or a send
+			 * buffer too full for one command): it cannot have run; a request
+			 * thread does it */
+			sdb_debug("proxy: loop command not sent", "shard=%s err=\"%s\"", shard,
+				  k < 0 ? strerror(send_errno) : "partial send");
+			/* only a failed connection says the member may not be the primary any
+			 * more; a command larger than the send buffer (partial, EAGAIN) says
+			 * nothing of it */
+			if (k < 0 && send_errno != EAGAIN && send_errno != EWOULDBLOCK)
+				(void)shardconn_forward_done(p->sc, shard, w, NULL);
 			proxy_txn_free(&txn);
-		route_coll_unref(rc);
-		free(shard);
-		conn_close(c);
-		return false;
+			route_coll_unref(rc);
+			free(shard);
+			conn_close(c);
+			return false;
+		}
 	}
-	sdb_gauge_add(m_in_flight, 1);
-	/* a wait for the shard, bounded by its socket timeout, as a request thread's
-	 * (shardconn_wait_begin): a graceful stop that times out logs it as a wait, not as
-	 * a request its handler forgot (wire_req_wait_begin) */
-	wire_req_wait_begin(req);
-	c->req = req;
-	c->shard = shard;
-	c->write = write;
-	c->update = kind == FW_UPDATE;
-	c->rc = rc; /* its reference */
+	o = sdb_calloc(1, sizeof *o);
+	o->req = req;
+	o->shard = shard;
+	o->write = write;
+	o->update = kind == FW_UPDATE;
+	o->sent = write;
+	o->rc = rc; /* its reference */
 	if (write)
-		c->txn = txn;
-	c->got = 0;
-	c->next = fw->busy;
-	c->prev = NULL;
-	if (fw->busy)
-		fw->busy->prev = c;
-	fw->busy = c;
-	if (!uv_is_active((uv_handle_t *)&c->poll))
-		uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, on_poll);
-	{
-		int ms = shardwire_socket_timeout_ms(w);
-		if (ms > 0)
-			uv_timer_start(&c->timer, on_timeout, (uint64_t)ms, 0);
-	}
+		o->txn = txn;
+	o->request_id = c->request_id;
+	op_queue(c, o);
+	if (write)
+		conn_sent(c);
 	return true;
 }
 
@@ -1052,12 +1273,8 @@ void px_forwarder_free(px_forwarder *fw)
 {
 	if (fw == NULL)
 		return;
-	if (fw->n_open > 0) {
-		fw->free_when_closed = true;
-		return;
-	}
-	for (size_t i = 0; i < fw->n_members; i++)
-		free(fw->members[i]);
-	free(fw->members);
-	free(fw);
+	fw->free_when_closed = true;
+	/* freed by the last close callback: its connections' and these two */
+	uv_close((uv_handle_t *)&fw->check, on_fw_handle_closed);
+	uv_close((uv_handle_t *)&fw->prepare, on_fw_handle_closed);
 }

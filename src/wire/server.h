@@ -9,7 +9,10 @@
  * nothing buffered stays read, and an EOF or reset met then waits for the reply (a
  * half-closed client still gets it whole; the command stays in currentOp). Replies are
  * written in order, directly when the socket takes them (uv_try_write). A request
- * completed on the loop thread is finished at the next loop iteration. One completed on
+ * completed on the loop thread is finished at the next loop iteration; its connection's
+ * next pipelined message runs then, and when that one also completes on the loop (a
+ * shard's point read) it is finished in the same pass, its reply written with the one
+ * before in one send (a proxy's finds sent together, proxy/forwarder.h). One completed on
  * another thread sends its reply from that thread when the connection is plaintext and
  * has nothing queued (send, MSG_DONTWAIT), and the loop finishes it (the connection's
  * state, its next pipelined message) when it next wakes, usually for that client's next

@@ -6,18 +6,21 @@ really go that way; every answer is the one a request thread gives for the same 
 state change, a closed connection, a stopped shard, the proxy's own stop), is answered as
 before, and no update is applied twice or lost."""
 import signal
+import socket
+import struct
 import threading
 
 import bson
 import pymongo
 import pytest
 
-from conftest import free_port, wait_until
+from conftest import free_port, op_msg, wait_until
 from forwarder_helpers import cluster  # noqa: F401 - the fixture
 from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, one_doc,
                                strip, warm)
 from proxy_helpers import ProxyCluster
 
+SENDS = "stripedb_proxy_loop_find_sends_total"
 
 
 def _fail_next(cl, command, times=1, **data):
@@ -249,6 +252,101 @@ def test_concurrent_point_reads_and_writes(cluster):
         t.join()
     assert errors == []
     assert cluster.metric(0, LOOP) - loop >= 16 * 60 * 0.5  # most reads on the loop
+    assert cluster.metric(0, IN_FLIGHT) == 0
+
+
+def _recv_msg(s):
+    """One OP_MSG answer read whole from socket s: (responseTo, its body)."""
+    def exact(n):
+        b = b""
+        while len(b) < n:
+            chunk = s.recv(n - len(b))
+            assert chunk, "the proxy closed the connection"
+            b += chunk
+        return b
+    length, _, response_to, op = struct.unpack("<iiii", exact(16))
+    assert op == 2013
+    payload = exact(length - 16)
+    assert payload[4] == 0  # one kind-0 section
+    return response_to, bson.decode(payload[5:])
+
+
+def _paused_finds(cluster, coll, ids, then=None):
+    """One raw connection to proxy 0 per id in ids, each greeted (ping); then, while the
+    proxy is stopped (SIGSTOP), each sends `find coll {_id: id}`, so that the proxy's next
+    round of I/O takes them all at once; then (SIGCONT) then() if given, and the answers,
+    in ids' order: [(responseTo, body)]."""
+    socks = []
+    try:
+        for _ in ids:
+            s = socket.create_connection(("127.0.0.1", cluster.proxy_ports[0]), timeout=60)
+            socks.append(s)
+            s.sendall(op_msg(1, {"ping": 1, "$db": "admin"}))
+            assert _recv_msg(s)[1]["ok"] == 1.0
+        proxy = cluster.proxy_procs[0]
+        proxy.pause()
+        try:
+            for i, (s, _id) in enumerate(zip(socks, ids)):
+                s.sendall(op_msg(100 + i, {"find": coll, "filter": {"_id": _id}, "$db": "fwdb"}))
+        finally:
+            proxy.signal(signal.SIGCONT)
+        if then:
+            then()
+        return [_recv_msg(s) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_the_finds_of_one_round_go_to_the_shard_in_one_send(cluster):
+    """Point finds that reach the proxy together (here: sent while it was stopped) go to
+    their shard together, 16 at most in one send on one connection (src/proxy/forwarder.h),
+    and each client gets its own document, answered in order by the shard (one message
+    at a time per connection, wire/server.h)."""
+    coll = cluster.proxy_client(0).fwdb.t
+    coll.insert_many([{"_id": i, "v": i * 10} for i in range(40)])
+    warm(coll)
+    for n in (8, 20, 20):
+        ids = list(range(n))[::-1]
+        loop, fallbacks, sent = (cluster.metric(0, LOOP), cluster.metric(0, FALLBACK),
+                                 cluster.metric(0, SENDS))
+        answers = _paused_finds(cluster, "t", ids)
+        for i, (_id, (rto, body)) in enumerate(zip(ids, answers)):
+            assert rto == 100 + i
+            assert body["ok"] == 1.0, body
+            assert body["cursor"]["firstBatch"] == [{"_id": _id, "v": _id * 10}], (_id, body)
+        # the 17th and later need a second connection: one the request threads opened
+        # and left idle, else a request thread runs them (and opens it)
+        on_loop = cluster.metric(0, LOOP) - loop
+        assert on_loop == n if n <= 16 else 16 <= on_loop <= n
+        assert cluster.metric(0, FALLBACK) == fallbacks
+        assert cluster.metric(0, SENDS) == sent + (on_loop + 15) // 16
+        assert cluster.metric(0, IN_FLIGHT) == 0
+
+
+def test_finds_sent_together_and_lost_with_their_connection_go_to_request_threads(cluster):
+    """Eight finds sent together to a shard that is stopped, then killed and restarted:
+    the connection fails with all of them on it; each goes to a request thread (a find
+    has no side effect), which answers it once the shard is back."""
+    coll = cluster.proxy_client(0).fwdb.t
+    coll.insert_many([{"_id": i, "v": i} for i in range(8)])
+    warm(coll)
+    sid = cluster.shard_ids[0]
+    shard = cluster.shard_procs[sid]
+    fallbacks, sent = cluster.metric(0, FALLBACK), cluster.metric(0, SENDS)
+    shard.pause()
+
+    def kill_and_restart():
+        wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 8, 20, what="8 finds in flight")
+        assert cluster.metric(0, SENDS) == sent + 1
+        shard.kill()
+        shard.restart()
+
+    answers = _paused_finds(cluster, "t", list(range(8)), then=kill_and_restart)
+    for i, (rto, body) in enumerate(answers):
+        assert (rto, body["ok"]) == (100 + i, 1.0), body
+        assert body["cursor"]["firstBatch"] == [{"_id": i, "v": i}], body
+    assert cluster.metric(0, FALLBACK) == fallbacks + 8
     assert cluster.metric(0, IN_FLIGHT) == 0
 
 
