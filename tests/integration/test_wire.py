@@ -12,8 +12,10 @@ The Node.js driver and mongosh checks need `scripts/install-deps.sh --test` (CI 
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 
@@ -22,8 +24,8 @@ import pymongo
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import (BIN, MONGOSH, free_port, no_gossip, http_get, needs_node_client, node_env,
-                      op_msg, wait_until)
+from conftest import (BIN, MONGOSH, assert_clean_exit, free_port, no_gossip, http_get,
+                      needs_node_client, node_env, op_msg, wait_until)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEST_SERVER = os.path.join(os.path.dirname(os.path.abspath(BIN)), "tests", "integration",
@@ -711,3 +713,385 @@ def test_reset_while_busy_keeps_the_command_in_current_op(tc_shard):
         assert blocked() == []
     finally:
         c.close()
+
+
+# ---- pipelined runs finished in one pass, their replies held and written together ----
+# (wire/server.c finish_done, conn_write_rest, out_flush_all: a reply followed by a whole
+# pipelined message is held in the connection's out buffer until the run or the pass ends)
+
+def _point_find(rid, _id, coll="pt"):
+    """A driver's find_one by _id: a shard runs it on its loop thread."""
+    return op_msg(rid, {"find": coll, "filter": {"_id": _id}, "limit": 1, "singleBatch": True,
+                        "$db": "t"})
+
+
+def _loop_reads(proc):
+    return metric(proc.http_port, "stripedb_shard_loop_reads_total") or 0.0
+
+
+def _expect_docs(s, rid, docs, what):
+    rto, body = _recv_whole_reply(s, what)
+    assert (rto, body.get("ok")) == (rid, 1.0), (what, rto, body)
+    assert body["cursor"]["firstBatch"] == docs, (what, body)
+
+
+def test_pipelined_point_reads_are_answered_in_order_with_their_documents(tc_shard):
+    """Point reads sent back to back (a proxy's forwarder) run on the shard's loop and are
+    answered in one pass: each reply carries its request's responseTo, in the order sent,
+    with its own document (the _ids are sent shuffled, and some are missing). 1000 in one
+    send cross the 64 KiB read chunk and the 64 rounds of one pass; all of them ran on the
+    loop (stripedb_shard_loop_reads_total), so the batching path is the one tested."""
+    proc, port = tc_shard
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True) as c:
+        c.t.pt.insert_many([{"_id": i, "v": f"doc{i}"} for i in range(300)])
+    order = [(i * 7919) % 400 for i in range(1000)]  # 0..399: 300..399 do not exist
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        for n in (200, 1000, 3, 64, 65, 129):
+            before = _loop_reads(proc)
+            ids = order[:n]
+            s.sendall(b"".join(_point_find(10_000 + k, i) for k, i in enumerate(ids)))
+            for k, i in enumerate(ids):
+                docs = [{"_id": i, "v": f"doc{i}"}] if i < 300 else []
+                _expect_docs(s, 10_000 + k, docs, f"point read {k} of {n} (_id {i})")
+            assert _loop_reads(proc) - before >= n, "the point reads did not run on the loop"
+
+
+def test_pipelined_mixed_run_is_answered_in_order_and_whole(tc_shard):
+    """One send of: point reads (on the loop), an insert (through Raft, completes later),
+    point reads that must see it, a find that is not a point read (a worker thread), an
+    unknown command and a message without $db (error replies), a delete, and point reads
+    after each. Every reply comes in order and is right, the last one included (a reply
+    held for ever fails at the socket's timeout)."""
+    proc, port = tc_shard
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True) as c:
+        c.t.mx.insert_many([{"_id": i, "v": i} for i in range(10)])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        for rep in range(5):
+            new = 1000 + rep
+            msgs, checks = [], []
+            rid = [rep * 1000]
+
+            def add(msg_fn, check):
+                rid[0] += 1
+                msgs.append(msg_fn(rid[0]))
+                checks.append((rid[0], check))
+
+            def points(ids, present):
+                for i in ids:
+                    doc = [{"_id": i, "v": i}] if present(i) else []
+                    add(lambda r, i=i: _point_find(r, i, "mx"), ("docs", doc))
+
+            before_new = lambda i: i < 10  # noqa: E731
+            points(range(10), before_new)
+            points([new], lambda i: False)
+            add(lambda r: op_msg(r, {"insert": "mx", "documents": [{"_id": new, "v": new}],
+                                     "$db": "t"}), ("n", 1))
+            with_new = lambda i: i < 10 or i == new  # noqa: E731
+            points([new, 3, new, 7], with_new)
+            add(lambda r: op_msg(r, {"find": "mx", "filter": {"v": {"$gte": 0}},
+                                     "sort": {"_id": 1}, "$db": "t"}),
+                ("docs", [{"_id": i, "v": i} for i in list(range(10)) + [new]]))
+            points([new, 0, 9], with_new)
+            add(lambda r: op_msg(r, {"noSuchCommandPipetest": 1, "$db": "t"}), ("code", 59))
+            points([5, new], with_new)
+            add(lambda r: op_msg(r, {"ping": 1}), ("code", 2))  # no $db: BadValue
+            points([new, 1], with_new)
+            add(lambda r: op_msg(r, {"delete": "mx", "deletes": [{"q": {"_id": new},
+                                                                  "limit": 1}],
+                                     "$db": "t"}), ("n", 1))
+            points([new, 2, new], before_new)
+            s.sendall(b"".join(msgs))
+            for k, (r, (kind, want)) in enumerate(checks):
+                what = f"round {rep} reply {k} (request {r}, expects {kind} {want})"
+                rto, body = _recv_whole_reply(s, what)
+                assert rto == r, (what, rto, body)
+                if kind == "docs":
+                    assert body.get("ok") == 1.0, (what, body)
+                    assert body["cursor"]["firstBatch"] == want, (what, body)
+                elif kind == "n":
+                    assert (body.get("ok"), body.get("n")) == (1.0, want), (what, body)
+                else:
+                    assert (body.get("ok"), body.get("code")) == (0.0, want), (what, body)
+
+
+def test_pipelined_point_reads_then_garbage_get_their_replies_before_the_close(tc_shard):
+    """Point reads followed, in the same send, by bytes that are no message: every reply
+    arrives, whole, before the server closes the connection. Two kinds of end: an invalid
+    messageLength (the connection closes on reading it) and a moreToCome message whose
+    body is broken (it cannot be answered, so the server closes on it; it is a whole
+    message, so the reply before it was held when the close came)."""
+    _, port = tc_shard
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True) as c:
+        c.t.pt.insert_many([{"_id": i, "v": i} for i in range(50)])
+    bad_more_to_come = (struct.pack("<iiii", 16 + 4 + 1 + 5, 99, 0, OP_MSG) +
+                        struct.pack("<I", 2) + b"\x00" + struct.pack("<i", 99) + b"\x00")
+    ends = {"invalid messageLength": struct.pack("<i", 5) + b"x" * 40,
+            "broken moreToCome message": bad_more_to_come,
+            "broken moreToCome message, then garbage": bad_more_to_come + b"GET / HTTP/1.1"}
+    for name, end in ends.items():
+        for n in (1, 50):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                s.sendall(b"".join(_point_find(k + 1, k) for k in range(n)) + end)
+                for k in range(n):
+                    _expect_docs(s, k + 1, [{"_id": k, "v": k}], f"{name}: reply {k + 1}/{n}")
+                assert closed_by_server(s), name
+
+
+def test_pipelined_point_reads_of_a_half_closed_client_are_all_answered(tc_shard):
+    """A client that sends its pipelined messages and shuts down its side at once
+    (shutdown(SHUT_WR)) gets every reply, then the server's close: point reads only, and
+    point reads around an insert (the EOF is met while the insert waits for Raft)."""
+    _, port = tc_shard
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True) as c:
+        c.t.pt.insert_many([{"_id": i, "v": i} for i in range(100)])
+    for n in (1, 2, 100):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"".join(_point_find(k + 1, k) for k in range(n)))
+            s.shutdown(socket.SHUT_WR)
+            for k in range(n):
+                _expect_docs(s, k + 1, [{"_id": k, "v": k}], f"half-closed: {k + 1}/{n}")
+            assert closed_by_server(s)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"".join(_point_find(k + 1, k) for k in range(30)) +
+                  op_msg(31, {"insert": "pt", "documents": [{"_id": 500, "v": 500}],
+                              "$db": "t"}) +
+                  b"".join(_point_find(32 + k, 500 - k) for k in range(30)))
+        s.shutdown(socket.SHUT_WR)
+        for k in range(30):
+            _expect_docs(s, k + 1, [{"_id": k, "v": k}], f"half-closed, before the insert {k}")
+        rto, body = _recv_whole_reply(s, "half-closed insert")
+        assert (rto, body.get("ok"), body.get("n")) == (31, 1.0, 1), body
+        _expect_docs(s, 32, [{"_id": 500, "v": 500}], "half-closed, the inserted document")
+        for k in range(1, 30):
+            _expect_docs(s, 32 + k, [], f"half-closed, after the insert {k}")
+        assert closed_by_server(s)
+
+
+def test_a_reset_during_a_pipelined_run_leaves_the_shard_healthy(tc_shard):
+    """Clients that reset their connection (RST: SO_LINGER 0) right after sending 500
+    pipelined point reads, some with reads that go to workers among them: the shard goes
+    on serving (a new client's ping and point read) and stops cleanly, with no sanitizer
+    report in its log (a held reply freed twice, or written after the close, would be)."""
+    proc, port = tc_shard
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True) as c:
+        c.t.pt.insert_many([{"_id": i, "v": i} for i in range(100)])
+    for rep in range(30):
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        msgs = [_point_find(k + 1, k % 120) for k in range(500)]
+        if rep % 2:
+            msgs[250] = op_msg(251, {"find": "pt", "filter": {"v": {"$gte": 0}}, "$db": "t"})
+            msgs[400] = op_msg(401, {"insert": "pt", "documents": [{"_id": 1000 + rep}],
+                                     "$db": "t"})
+        s.sendall(b"".join(msgs))
+        if rep % 3 == 0:  # some read first, so the reset comes in the middle of the run
+            _expect_docs(s, 1, [{"_id": 0, "v": 0}], "the first reply")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(op_msg(1, {"ping": 1, "$db": "admin"}) + _point_find(2, 7))
+        rto, body = _recv_whole_reply(s, "ping after the resets")
+        assert (rto, body["ok"]) == (1, 1.0)
+        _expect_docs(s, 2, [{"_id": 7, "v": 7}], "point read after the resets")
+    assert_clean_exit(proc)
+
+
+def test_pipelined_big_point_reads_larger_than_the_socket_buffers_arrive_in_order(tc_shard):
+    """Point reads of 1 MiB documents (run on the loop) among small ones and a 14.7 MB
+    find (a worker), to a client whose small receive window takes little at a time: the
+    held replies are more than the socket takes, so their send is partly queued; the
+    replies after them must still come after them, each whole and right."""
+    _, port = tc_shard
+    _insert_big_docs(port)
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True) as c:
+        c.t.big.insert_many([{"_id": 100 + i, "s": "small"} for i in range(5)])
+    big_doc = lambda i: {"_id": i, "s": "x" * (1 << 20)}  # noqa: E731
+    scan = (lambda r: op_msg(r, {"find": "big", "filter": {"_id": {"$lt": 100}},
+                                 "batchSize": 100, "$db": "t"}),
+            [big_doc(j) for j in range(BIG_DOCS)])
+    # first: the worker sends what the socket takes of its reply itself, the loop holds
+    # the rest with the point reads' replies after it
+    plan = [scan]  # (message, expected firstBatch)
+    for i in range(BIG_DOCS):
+        plan.append((lambda r, i=i: _point_find(r, i, "big"), [big_doc(i)]))
+        plan.append((lambda r, i=i: _point_find(r, 100 + i % 5, "big"),
+                     [{"_id": 100 + i % 5, "s": "small"}]))
+        if i == 5:
+            plan.append(scan)
+    with _small_window_socket(port) as s:
+        s.sendall(b"".join(m(k + 1) for k, (m, _) in enumerate(plan)))
+        for k, (_, want) in enumerate(plan):
+            rto, body = _recv_whole_reply(s, f"reply {k + 1}")
+            assert (rto, body.get("ok")) == (k + 1, 1.0), (k + 1, rto, body.get("errmsg"))
+            got = body["cursor"]["firstBatch"]
+            assert [d["_id"] for d in got] == [d["_id"] for d in want], k + 1
+            assert got == want, f"reply {k + 1}: wrong documents"
+
+
+def test_a_workers_reply_does_not_overtake_the_replies_held_before_it(tc_shard):
+    """A connection's point reads, each pair followed by a find a worker thread runs: the
+    point reads' replies are held while the pass goes on, and two other connections'
+    pipelined point reads keep the pass going (one message of each connection a round)
+    long enough for the worker to finish. The worker must not send its reply itself
+    (direct_ok) while replies before it are held, or it overtakes them."""
+    proc, port = tc_shard
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True) as c:
+        c.t.pt.insert_many([{"_id": i, "v": i} for i in range(20)])
+    scan = {"find": "pt", "filter": {"v": {"$lt": 3}}, "sort": {"_id": 1}, "$db": "t"}
+    flood = b"".join(_point_find(k + 1, k % 20) for k in range(3000))
+    with contextlib.ExitStack() as st:
+        others = [st.enter_context(socket.create_connection(("127.0.0.1", port), timeout=60))
+                  for _ in range(2)]
+        s = st.enter_context(socket.create_connection(("127.0.0.1", port), timeout=60))
+        for rep in range(3):
+            for o in others:
+                o.sendall(flood)
+            msgs, want = [], []
+            for k in range(300):
+                rid = 3 * k + 1
+                msgs += [_point_find(rid, k % 20), _point_find(rid + 1, (k + 7) % 20),
+                         op_msg(rid + 2, scan)]
+                want += [(rid, [{"_id": k % 20, "v": k % 20}]),
+                         (rid + 1, [{"_id": (k + 7) % 20, "v": (k + 7) % 20}]),
+                         (rid + 2, [{"_id": i, "v": i} for i in range(3)])]
+            s.sendall(b"".join(msgs))
+            for rid, docs in want:
+                _expect_docs(s, rid, docs, f"round {rep}, request {rid}")
+            for o in others:
+                for k in range(3000):
+                    _expect_docs(o, k + 1, [{"_id": k % 20, "v": k % 20}],
+                                 f"round {rep}, the other connection's reply {k + 1}")
+
+
+def test_held_replies_go_out_before_a_slow_command_and_before_a_close(tc_shard):
+    """Replies held behind a pipelined message are written when the pass ends, not when
+    that message's own reply goes: point reads followed by a command blocked for 8 s
+    (failCommand blockConnection) are answered while it is still blocked (it is still in
+    currentOp when they arrive). And a connection closed by the server after a pipelined
+    run (failCommand closeConnection) first writes every reply held before the close
+    whole, 1 MiB ones to a small receive window included (the close waits for the
+    write)."""
+    _, port = tc_shard
+    _insert_big_docs(port)
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True) as c:
+        c.t.pt.insert_many([{"_id": i, "v": i} for i in range(10)])
+
+        def blocked_count():
+            return [o for o in c.admin.aggregate([{"$currentOp": {}}])
+                    if o.get("command", {}).get("count") == "pt"]
+        c.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                         "data": {"failCommands": ["count"], "blockConnection": True,
+                                  "blockTimeMS": 8000}})
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"".join(_point_find(k + 1, k) for k in range(5)) +
+                      op_msg(6, {"count": "pt", "$db": "t"}) + _point_find(7, 9))
+            for k in range(5):
+                _expect_docs(s, k + 1, [{"_id": k, "v": k}], f"point read {k + 1}")
+            assert blocked_count(), "the point reads' replies waited for the blocked count"
+            rto, body = _recv_whole_reply(s, "the blocked count")
+            assert (rto, body.get("ok"), body.get("n")) == (6, 1.0, 10), body
+            _expect_docs(s, 7, [{"_id": 9, "v": 9}], "the point read after the count")
+
+        c.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                         "data": {"failCommands": ["count"], "closeConnection": True}})
+        big = lambda i: [{"_id": i, "s": "x" * (1 << 20)}]  # noqa: E731
+        with _small_window_socket(port) as s:
+            # 14 MiB held: more than a loopback socket's send buffer takes
+            s.sendall(_point_find(1, 1) + b"".join(_point_find(2 + i, i, "big")
+                                                   for i in range(BIG_DOCS)) +
+                      op_msg(100, {"count": "pt", "$db": "t"}) + _point_find(101, 3))
+            _expect_docs(s, 1, [{"_id": 1, "v": 1}], "reply 1 before the close")
+            for i in range(BIG_DOCS):
+                _expect_docs(s, 2 + i, big(i), f"reply {2 + i} before the close")
+            assert closed_by_server(s)
+        c.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+
+
+def _self_signed_tls(d):
+    """A CA and a certificate for 127.0.0.1 it signed (openssl CLI): (ca, cert, key)."""
+    def run(*args):
+        subprocess.run(["openssl"] + list(args), check=True, capture_output=True, cwd=d)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "2", "-subj", "/CN=pipetest-ca")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+        "-subj", "/CN=127.0.0.1")
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf")
+    return str(d / "ca.pem"), str(d / "server.pem"), str(d / "server.key")
+
+
+def test_pipelined_run_over_tls_is_answered_in_order(start_role, tmp_path):
+    """The same over TLS (each held reply is its own TLS records, written together):
+    pipelined point reads around an insert and a worker's find, and 1 MiB point reads
+    among small ones, all answered in order, whole and right."""
+    d = tmp_path / "certs"
+    d.mkdir()
+    ca, cert, key = _self_signed_tls(d)
+    port = free_port()
+    data = tmp_path / "shard"
+    data.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}",
+                "--tls-mode=required", f"--tls-cert={cert}", f"--tls-key={key}"])
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True, tls=True,
+                             tlsCAFile=ca, serverSelectionTimeoutMS=30000) as c:
+        wait_until(lambda: c.admin.command("hello").get("isWritablePrimary"), 30,
+                   interval=0.05, what="the shard to be writable")
+        c.t.pt.insert_many([{"_id": i, "v": i} for i in range(100)])
+        c.t.big.insert_many([{"_id": i, "s": "x" * (1 << 20)} for i in range(6)])
+    ctx = ssl.create_default_context(cafile=ca)
+    plan = [(lambda r, k=k: _point_find(r, k), [{"_id": k, "v": k}]) for k in range(100)]
+    plan.append((lambda r: op_msg(r, {"insert": "pt", "documents": [{"_id": 500, "v": 500}],
+                                      "$db": "t"}), None))
+    plan += [(lambda r: _point_find(r, 500), [{"_id": 500, "v": 500}])] * 3
+    plan.append((lambda r: op_msg(r, {"find": "pt", "filter": {"v": {"$gte": 98}},
+                                      "sort": {"_id": 1}, "$db": "t"}),
+                 [{"_id": 98, "v": 98}, {"_id": 99, "v": 99}, {"_id": 500, "v": 500}]))
+    for i in range(6):
+        plan.append((lambda r, i=i: _point_find(r, i, "big"), [{"_id": i, "s": "x" * (1 << 20)}]))
+        plan.append((lambda r, i=i: _point_find(r, i), [{"_id": i, "v": i}]))
+    raw_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    raw_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    raw_sock.settimeout(60)
+    raw_sock.connect(("127.0.0.1", port))
+    with ctx.wrap_socket(raw_sock, server_hostname="127.0.0.1") as s:
+        s.sendall(b"".join(m(k + 1) for k, (m, _) in enumerate(plan)))
+        for k, (_, want) in enumerate(plan):
+            rto, body = _recv_whole_reply(s, f"TLS reply {k + 1}")
+            assert (rto, body.get("ok")) == (k + 1, 1.0), (k + 1, rto, body.get("errmsg"))
+            if want is None:
+                assert body.get("n") == 1, body
+            else:
+                assert body["cursor"]["firstBatch"] == want, f"TLS reply {k + 1}"
+
+
+def test_pipelined_point_reads_split_at_any_byte_are_answered_in_order(tc_shard):
+    """Pipelined point reads whose bytes arrive cut at arbitrary places (sent in pieces of
+    1 to 300 bytes, TCP_NODELAY, without reading in between): a reply followed by part of
+    a message only must not wait for the rest of it, and every reply comes in order."""
+    _, port = tc_shard
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True) as c:
+        c.t.pt.insert_many([{"_id": i, "v": i} for i in range(50)])
+    rnd = random.Random(19)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for rep in range(5):
+            n = 400
+            data = b"".join(_point_find(rep * 1000 + k, k % 60) for k in range(n))
+            pos = 0
+            while pos < len(data):
+                step = rnd.randint(1, 300)
+                s.sendall(data[pos:pos + step])
+                pos += step
+            for k in range(n):
+                i = k % 60
+                _expect_docs(s, rep * 1000 + k, [{"_id": i, "v": i}] if i < 50 else [],
+                             f"round {rep}, reply {k}")
+        # the last message cut in two, its second half sent only after the replies of the
+        # ones before it came: they must come without it
+        first = b"".join(_point_find(k + 1, k) for k in range(10))
+        last = _point_find(11, 10)
+        s.sendall(first + last[:20])
+        for k in range(10):
+            _expect_docs(s, k + 1, [{"_id": k, "v": k}], f"before the cut message, {k + 1}")
+        s.sendall(last[20:])
+        _expect_docs(s, 11, [{"_id": 10, "v": 10}], "the cut message")
