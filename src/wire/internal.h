@@ -58,6 +58,10 @@ struct wire_conn {
 	bool reading;               /* uv_read_start active */
 	bool watch_eof;             /* BUSY but reading, to notice EOF (awaitable hello) */
 	bool close_when_idle;       /* close once the queued replies are written */
+	/* The client sends nothing more (TLS close_notify) but messages it sent before are
+	 * buffered, whole: they still run, one at a time, and the connection closes (as
+	 * close_when_idle) once none is left. Cleared by a request's close_after. */
+	bool peer_done;
 	size_t writes_pending;
 	wire_req *inflight;
 	uint8_t *rbuf;              /* bytes read and not yet consumed */

@@ -280,11 +280,15 @@ static void conn_close(wire_conn *conn)
 /* Close a connection that has nothing left to do when the server is draining or the
  * connection was marked to close once its reply is written. */
 static void out_flush(wire_conn *conn);
+static bool conn_next_whole(const wire_conn *conn);
 
 static void conn_maybe_close_idle(wire_conn *conn)
 {
 	if (conn->state != WIRE_CONN_READING ||
 	    !(conn->close_when_idle || !srv_reading(conn->srv)))
+		return;
+	/* a half-closed client's messages sent before its close_notify run first */
+	if (conn->peer_done && srv_reading(conn->srv) && conn_next_whole(conn))
 		return;
 	out_flush(conn); /* held replies are written first */
 	if (conn->state == WIRE_CONN_READING && conn->writes_pending == 0)
@@ -408,6 +412,7 @@ static bool tls_on_read(wire_conn *conn, size_t nread)
 			conn->reading = false;
 		}
 		conn->close_when_idle = true;
+		conn->peer_done = true; /* what it sent before still runs (finish_round) */
 		if (conn->state == WIRE_CONN_BUSY && conn->watch_eof) {
 			conn_close(conn);
 			conn_gone(conn);
@@ -704,13 +709,15 @@ static bool finish_round(wire_server *srv)
 		if (conn->state != WIRE_CONN_CLOSING) {
 			if (!req->no_reply)
 				send_reply(req);
-			if (req->close_after)
+			if (req->close_after) {
 				conn->close_when_idle = true;
+				conn->peer_done = false; /* nothing more runs */
+			}
 			if (conn->state == WIRE_CONN_BUSY) {
 				conn_set_state(conn, WIRE_CONN_READING);
 				conn_maybe_close_idle(conn);
-				if (conn->state == WIRE_CONN_READING && !conn->close_when_idle &&
-				    srv_reading(srv))
+				if (conn->state == WIRE_CONN_READING &&
+				    (!conn->close_when_idle || conn->peer_done) && srv_reading(srv))
 					conn_process(conn);
 			}
 		}

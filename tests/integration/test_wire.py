@@ -1095,3 +1095,94 @@ def test_pipelined_point_reads_split_at_any_byte_are_answered_in_order(tc_shard)
             _expect_docs(s, k + 1, [{"_id": k, "v": k}], f"before the cut message, {k + 1}")
         s.sendall(last[20:])
         _expect_docs(s, 11, [{"_id": 10, "v": 10}], "the cut message")
+
+
+def test_tls_close_notify_after_pipelined_messages_answers_them_all(start_role, tmp_path):
+    """A TLS client that sends several messages and its close_notify in one write (TLS
+    1.3's half-close, the TLS form of shutdown(SHUT_WR)) gets every reply, in order, then
+    the close. The close_notify is decrypted with the messages, while the first one runs:
+    closing once the first reply was written dropped the others (only the first came)."""
+    d = tmp_path / "certs"
+    d.mkdir()
+    ca, cert, key = _self_signed_tls(d)
+    port = free_port()
+    data = tmp_path / "shard"
+    data.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}",
+                "--tls-mode=required", f"--tls-cert={cert}", f"--tls-key={key}"])
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True, tls=True,
+                             tlsCAFile=ca, serverSelectionTimeoutMS=30000) as c:
+        wait_until(lambda: c.admin.command("hello").get("isWritablePrimary"), 30,
+                   interval=0.05, what="the shard to be writable")
+        c.t.pt.insert_many([{"_id": i, "v": i} for i in range(100)])
+        c.t.big.insert_many([{"_id": i, "s": "x" * (1 << 20)} for i in range(8)])
+    for n, extra in ((1, None), (2, None), (50, None), (20, "insert"), (20, "scan"),
+                     (20, "big")):
+        msgs = [_point_find(k + 1, k) for k in range(n)]
+        if extra == "insert":  # a write (Raft) in the middle, its reply later
+            msgs[10] = op_msg(11, {"insert": "pt", "documents": [{"_id": 1000 + n}],
+                                   "$db": "t"})
+        elif extra == "scan":  # a worker's read in the middle
+            msgs[10] = op_msg(11, {"find": "pt", "filter": {"v": {"$gte": 0}}, "$db": "t"})
+        elif extra == "big":  # 8 MiB of replies, more than the socket buffers take
+            msgs[10] = op_msg(11, {"find": "big", "batchSize": 100, "$db": "t"})
+        raw_sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        raw_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ssl.create_default_context(cafile=ca).wrap_bio(inc, out,
+                                                             server_hostname="127.0.0.1")
+
+        def flush():
+            data = out.read()
+            if data:
+                raw_sock.sendall(data)
+
+        def fill():
+            data = raw_sock.recv(1 << 16)
+            if data:
+                inc.write(data)
+            else:
+                inc.write_eof()
+            return bool(data)
+
+        with raw_sock:
+            while True:
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    flush()
+                    assert fill(), "closed during the handshake"
+            flush()
+            tls.write(b"".join(msgs))
+            try:
+                tls.unwrap()  # queues close_notify, sent with the messages
+            except ssl.SSLWantReadError:
+                pass
+            flush()
+            plain = b""
+            while True:  # until the server's close (its close_notify or EOF)
+                try:
+                    chunk = tls.read(1 << 20)
+                except ssl.SSLWantReadError:
+                    if not fill():
+                        break
+                    continue
+                except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                    break
+                if not chunk:
+                    break
+                plain += chunk
+        replies = []
+        while len(plain) >= 16:
+            length, _rid, rto, _op = struct.unpack("<iiii", plain[:16])
+            assert len(plain) >= length, f"n={n} {extra}: a reply cut"
+            replies.append((rto, bson.decode(plain[21:length])))
+            plain = plain[length:]
+        assert [r for r, _ in replies] == list(range(1, n + 1)), (n, extra)
+        for rto, body in replies:
+            assert body.get("ok") == 1.0, (n, extra, rto, body)
+            if rto != 11 or extra is None:
+                assert body["cursor"]["firstBatch"] == [{"_id": rto - 1, "v": rto - 1}]
+            elif extra == "big":
+                assert [d["_id"] for d in body["cursor"]["firstBatch"]] == list(range(8))
