@@ -351,6 +351,36 @@ int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size
 	return rc;
 }
 
+int proxy_cursor_answer(proxy *p, proxy_cursor *c, int64_t batch_size, const char *field,
+			const char *ns, bson_t *out, int *code, char *err, size_t errlen)
+{
+	bson_t cd, arr;
+	int r;
+
+	/* the batch goes straight into its place in the answer: filled into a separate
+	 * array, it was copied whole once more (perf, YCSB E through a proxy: 4% of the
+	 * proxy's CPU, issue #19) */
+	bson_append_document_begin(out, "cursor", -1, &cd);
+	BSON_APPEND_INT64(&cd, "id", 0);
+	BSON_APPEND_UTF8(&cd, "ns", ns);
+	bson_append_array_begin(&cd, field, -1, &arr);
+	r = proxy_cursor_fill(p, c, &arr, batch_size, code, err, errlen);
+	bson_append_array_end(&cd, &arr);
+	if (r >= 0 && proxy_cursor_partial(c)) /* allowPartialResults left a shard out */
+		BSON_APPEND_BOOL(&cd, "partialResultsReturned", true);
+	bson_append_document_end(out, &cd);
+	return r;
+}
+
+void proxy_cursor_answer_id(bson_t *out, int64_t id)
+{
+	bson_iter_t it, cur;
+
+	if (bson_iter_init_find(&it, out, "cursor") && bson_iter_recurse(&it, &cur) &&
+	    bson_iter_find(&cur, "id") && BSON_ITER_HOLDS_INT64(&cur))
+		bson_iter_overwrite_int64(&cur, id);
+}
+
 bool proxy_cursor_has_more(const proxy_cursor *c)
 {
 	size_t i;

@@ -466,12 +466,10 @@ static int answer_cursor_wce(ctx *c, proxy_cursor *cur, int64_t batch, bool sing
 			     const char *batch_field, const char *ns, const bson_t *wce)
 {
 	bson_t *out = bson_new();
-	bson_t cd, arr;
 	int code = 0;
 	char err[512];
 	int r;
 
-	bson_init(&arr);
 	proxy_cursor_set_txn(cur, pxtxn_cursor_fields(c));
 	/* find's noCursorTimeout (forwarded to the shards: read.c copy_find_options); run_job
 	 * noted it for the request's own command (a lookup of the absent field walked all of
@@ -485,30 +483,19 @@ static int answer_cursor_wce(ctx *c, proxy_cursor *cur, int64_t batch, bool sing
 	proxy_cursor_set_no_timeout(cur, nct && bson_iter_init(&first, c->cmd) &&
 						 bson_iter_next(&first) &&
 						 strcmp(bson_iter_key(&first), "find") == 0);
-	r = proxy_cursor_fill(c->p, cur, &arr, batch, &code, err, sizeof err);
+	r = proxy_cursor_answer(c->p, cur, batch, batch_field, ns, out, &code, err, sizeof err);
 	if (r < 0) {
-		bson_destroy(&arr);
 		bson_destroy(out);
 		proxy_cursor_destroy(c->p, cur);
 		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
 	}
-	bool partial = proxy_cursor_partial(cur);
-	bson_append_document_begin(out, "cursor", -1, &cd);
-	if (r == 1 || single) {
+	if (r == 1 || single)
 		proxy_cursor_destroy(c->p, cur);
-		BSON_APPEND_INT64(&cd, "id", 0);
-	} else {
-		BSON_APPEND_INT64(&cd, "id", proxy_cursor_register(c->p, cur, c->user));
-	}
-	BSON_APPEND_UTF8(&cd, "ns", ns);
-	bson_append_array(&cd, batch_field, -1, &arr);
-	if (partial) /* allowPartialResults left a shard out (mongos's CursorResponse) */
-		BSON_APPEND_BOOL(&cd, "partialResultsReturned", true);
-	bson_append_document_end(out, &cd);
+	else
+		proxy_cursor_answer_id(out, proxy_cursor_register(c->p, cur, c->user));
 	if (wce != NULL && !bson_empty(wce))
 		BSON_APPEND_DOCUMENT(out, "writeConcernError", wce);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
-	bson_destroy(&arr);
 	return px_reply(c, out);
 }
 

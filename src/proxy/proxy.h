@@ -197,6 +197,17 @@ void px_cs_free(proxy *p, px_cs *cs);
  * (still alive), 1 when exhausted. Errors: as proxy_cursor_next. */
 int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size, int *code,
 		      char *err, size_t errlen);
+/* Append to out (a document being built) the cursor of a find, aggregate or getMore
+ * answer: `cursor: {id: 0, ns, <field>: [the next batch of c, proxy_cursor_fill's, built in
+ * place], partialResultsReturned: true when allowPartialResults left a shard out}`
+ * (mongos's CursorResponse). The id is a placeholder: the caller sets it with
+ * proxy_cursor_answer_id once it has registered, checked in or destroyed c. Returns
+ * proxy_cursor_fill's result; on an error (< 0, *code and err set) out holds a partial
+ * cursor document and the caller drops it. */
+int proxy_cursor_answer(proxy *p, proxy_cursor *c, int64_t batch_size, const char *field,
+			const char *ns, bson_t *out, int *code, char *err, size_t errlen);
+/* Set the id of the cursor proxy_cursor_answer appended to out (in place: no copy). */
+void proxy_cursor_answer_id(bson_t *out, int64_t id);
 /* Pull one document: returns 1 with *doc (caller bson_destroy's it), 0 at the end.
  * Errors: with *code the MongoDB code and the message in err, SDB_EUNAVAILABLE (a shard
  * did not answer a getMore: HostUnreachable), SDB_EIO (a shard answered an error: its

@@ -458,10 +458,9 @@ int px_do_get_more(ctx *c)
 	int64_t id = 0;
 	const char *coll = NULL;
 	proxy_cursor *cur;
-	bson_t *out, cd, arr;
+	bson_t *out;
 	int code = 0, r;
 	char err[512], ns[512];
-	bool partial;
 
 	if (bson_iter_init_find(&it, c->cmd, "getMore") && BSON_ITER_HOLDS_NUMBER(&it))
 		id = bson_iter_as_int64(&it);
@@ -496,33 +495,22 @@ int px_do_get_more(ctx *c)
 		return px_error(c, WIRE_ERR_BAD_VALUE,
 				"cannot set maxTimeMS on getMore command for a non-awaitData cursor");
 	}
-	bson_init(&arr);
-	r = proxy_cursor_fill(c->p, cur, &arr, px_get_int(c->cmd, "batchSize", 0) > 0 ?
-						      px_get_int(c->cmd, "batchSize", 0) : -1,
-			      &code, err,
-			      sizeof err);
+	out = bson_new();
+	r = proxy_cursor_answer(c->p, cur, px_get_int(c->cmd, "batchSize", 0) > 0 ?
+						   px_get_int(c->cmd, "batchSize", 0) : -1,
+				"nextBatch", ns, out, &code, err, sizeof err);
 	if (r < 0) {
-		bson_destroy(&arr);
+		bson_destroy(out);
 		proxy_cursor_destroy(c->p, cur);
 		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
 	}
-	out = bson_new();
-	partial = proxy_cursor_partial(cur);
-	bson_append_document_begin(out, "cursor", -1, &cd);
 	if (r == 1) {
 		proxy_cursor_destroy(c->p, cur);
-		BSON_APPEND_INT64(&cd, "id", 0);
 	} else {
 		proxy_cursor_checkin(c->p, cur);
-		BSON_APPEND_INT64(&cd, "id", id);
+		proxy_cursor_answer_id(out, id);
 	}
-	BSON_APPEND_UTF8(&cd, "ns", ns);
-	bson_append_array(&cd, "nextBatch", -1, &arr);
-	if (partial) /* allowPartialResults left a shard out (mongos's CursorResponse) */
-		BSON_APPEND_BOOL(&cd, "partialResultsReturned", true);
-	bson_append_document_end(out, &cd);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
-	bson_destroy(&arr);
 	return px_reply(c, out);
 }
 
