@@ -202,8 +202,8 @@ int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size
  * place], partialResultsReturned: true when allowPartialResults left a shard out}`
  * (mongos's CursorResponse). The id is a placeholder: the caller sets it with
  * proxy_cursor_answer_id once it has registered, checked in or destroyed c. Returns
- * proxy_cursor_fill's result; on an error (< 0, *code and err set) out holds a partial
- * cursor document and the caller drops it. */
+ * proxy_cursor_fill's result. Errors: as proxy_cursor_fill's (< 0, *code and err set);
+ * out then holds a partial cursor document and the caller drops it. */
 int proxy_cursor_answer(proxy *p, proxy_cursor *c, int64_t batch_size, const char *field,
 			const char *ns, bson_t *out, int *code, char *err, size_t errlen);
 /* Set the id of the cursor proxy_cursor_answer appended to out (in place: no copy). */

@@ -276,6 +276,62 @@ def raw_msg(request_id, body, seqs=()):
     return struct.pack("<iiii", 16 + len(payload), request_id, 0, 2013) + payload
 
 
+def tls_send_then_close_notify(port, ca, payload):
+    """A TLS client through memory BIOs (Python's ssl): connect to port (a 64 KiB receive
+    window, so large replies wait on the client), handshake (ca verifies the server),
+    write payload and the close_notify in one go (TLS 1.3's half-close, RFC 8446 6.1,
+    the TLS form of shutdown(SHUT_WR)), then read until the server closes. Returns the
+    plaintext the server sent (bytes)."""
+    import ssl
+    raw = socket.create_connection(("127.0.0.1", port), timeout=60)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context(cafile=ca).wrap_bio(inc, out, server_hostname="127.0.0.1")
+
+    def flush():
+        data = out.read()
+        if data:
+            raw.sendall(data)
+
+    def fill():
+        data = raw.recv(1 << 16)
+        if data:
+            inc.write(data)
+        else:
+            inc.write_eof()
+        return bool(data)
+
+    with raw:
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                flush()
+                assert fill(), "closed during the handshake"
+        flush()
+        tls.write(payload)
+        try:
+            tls.unwrap()  # queues close_notify, sent with the payload
+        except ssl.SSLWantReadError:
+            pass
+        flush()
+        plain = b""
+        while True:  # until the server's close (its close_notify or EOF)
+            try:
+                chunk = tls.read(1 << 20)
+            except ssl.SSLWantReadError:
+                if not fill():
+                    break
+                continue
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                break
+            if not chunk:
+                break
+            plain += chunk
+    return plain
+
+
 def recv_exact(s, n):
     buf = b""
     while len(buf) < n:

@@ -14,7 +14,7 @@ import bson
 import pymongo
 import pytest
 
-from conftest import free_port, op_msg, wait_until
+from conftest import free_port, op_msg, recv_exact, wait_until
 from forwarder_helpers import cluster  # noqa: F401 - the fixture
 from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, one_doc,
                                strip, warm)
@@ -257,16 +257,9 @@ def test_concurrent_point_reads_and_writes(cluster):
 
 def _recv_msg(s):
     """One OP_MSG answer read whole from socket s: (responseTo, its body)."""
-    def exact(n):
-        b = b""
-        while len(b) < n:
-            chunk = s.recv(n - len(b))
-            assert chunk, "the proxy closed the connection"
-            b += chunk
-        return b
-    length, _, response_to, op = struct.unpack("<iiii", exact(16))
+    length, _, response_to, op = struct.unpack("<iiii", recv_exact(s, 16))
     assert op == 2013
-    payload = exact(length - 16)
+    payload = recv_exact(s, length - 16)
     assert payload[4] == 0  # one kind-0 section
     return response_to, bson.decode(payload[5:])
 

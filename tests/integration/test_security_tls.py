@@ -1,8 +1,6 @@
 """TLS on the proxy's client listener (issue #10): --tls-mode=required serves TLS clients
 and refuses plaintext ones; allowed serves both; authentication works over TLS."""
 import json
-import socket
-import ssl
 import struct
 import subprocess
 
@@ -11,7 +9,7 @@ import pymongo
 import pytest
 from pymongo.errors import ServerSelectionTimeoutError
 
-from conftest import free_port, op_msg, wait_until
+from conftest import free_port, op_msg, tls_send_then_close_notify, wait_until
 from proxy_helpers import ProxyCluster
 from test_ratelimit_grpc import pb  # noqa: F401 - the stubs fixture
 
@@ -102,55 +100,7 @@ def test_a_client_that_sends_close_notify_still_gets_its_reply(start_role, tmp_p
     c.t.big.insert_many([{"_id": i, "s": "x" * (1 << 20)} for i in range(14)])
     c.close()
 
-    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-    raw.settimeout(60)
-    raw.connect(("127.0.0.1", port))
-    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = ssl.create_default_context(cafile=ca).wrap_bio(inc, out,
-                                                         server_hostname="127.0.0.1")
-
-    def flush():
-        data = out.read()
-        if data:
-            raw.sendall(data)
-
-    def fill():
-        data = raw.recv(1 << 16)
-        if data:
-            inc.write(data)
-        else:
-            inc.write_eof()
-        return bool(data)
-
-    while True:
-        try:
-            tls.do_handshake()
-            break
-        except ssl.SSLWantReadError:
-            flush()
-            assert fill(), "closed during the handshake"
-    flush()
-    tls.write(op_msg(7, {"find": "big", "batchSize": 100, "$db": "t"}))
-    try:
-        tls.unwrap()  # queues close_notify; the server's answers come after
-    except ssl.SSLWantReadError:
-        pass
-    flush()
-    plain = b""
-    while True:
-        try:
-            chunk = tls.read(1 << 20)
-        except ssl.SSLWantReadError:
-            if not fill():
-                break
-            continue
-        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-            break
-        if not chunk:
-            break
-        plain += chunk
-    raw.close()
+    plain = tls_send_then_close_notify(port, ca, op_msg(7, {"find": "big", "batchSize": 100, "$db": "t"}))
     assert len(plain) >= 16, f"no reply after close_notify ({len(plain)} bytes)"
     length, _rid, response_to, _op = struct.unpack("<iiii", plain[:16])
     assert len(plain) == length, f"reply of {length} bytes cut at {len(plain)}"

@@ -25,6 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import (BIN, MONGOSH, assert_clean_exit, free_port, no_gossip, http_get,
+                      tls_send_then_close_notify,
                       needs_node_client, node_env, op_msg, wait_until)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -1020,10 +1021,9 @@ def _self_signed_tls(d):
     return str(d / "ca.pem"), str(d / "server.pem"), str(d / "server.key")
 
 
-def test_pipelined_run_over_tls_is_answered_in_order(start_role, tmp_path):
-    """The same over TLS (each held reply is its own TLS records, written together):
-    pipelined point reads around an insert and a worker's find, and 1 MiB point reads
-    among small ones, all answered in order, whole and right."""
+def _tls_shard(start_role, tmp_path):
+    """A shard with --tls-mode=required and a certificate _self_signed_tls made, writable:
+    (its port, the CA file)."""
     d = tmp_path / "certs"
     d.mkdir()
     ca, cert, key = _self_signed_tls(d)
@@ -1036,6 +1036,16 @@ def test_pipelined_run_over_tls_is_answered_in_order(start_role, tmp_path):
                              tlsCAFile=ca, serverSelectionTimeoutMS=30000) as c:
         wait_until(lambda: c.admin.command("hello").get("isWritablePrimary"), 30,
                    interval=0.05, what="the shard to be writable")
+    return port, ca
+
+
+def test_pipelined_run_over_tls_is_answered_in_order(start_role, tmp_path):
+    """The same over TLS (each held reply is its own TLS records, written together):
+    pipelined point reads around an insert and a worker's find, and 1 MiB point reads
+    among small ones, all answered in order, whole and right."""
+    port, ca = _tls_shard(start_role, tmp_path)
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True, tls=True,
+                             tlsCAFile=ca, serverSelectionTimeoutMS=30000) as c:
         c.t.pt.insert_many([{"_id": i, "v": i} for i in range(100)])
         c.t.big.insert_many([{"_id": i, "s": "x" * (1 << 20)} for i in range(6)])
     ctx = ssl.create_default_context(cafile=ca)
@@ -1102,18 +1112,9 @@ def test_tls_close_notify_after_pipelined_messages_answers_them_all(start_role, 
     1.3's half-close, the TLS form of shutdown(SHUT_WR)) gets every reply, in order, then
     the close. The close_notify is decrypted with the messages, while the first one runs:
     closing once the first reply was written dropped the others (only the first came)."""
-    d = tmp_path / "certs"
-    d.mkdir()
-    ca, cert, key = _self_signed_tls(d)
-    port = free_port()
-    data = tmp_path / "shard"
-    data.mkdir()
-    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}",
-                "--tls-mode=required", f"--tls-cert={cert}", f"--tls-key={key}"])
+    port, ca = _tls_shard(start_role, tmp_path)
     with pymongo.MongoClient("127.0.0.1", port, directConnection=True, tls=True,
                              tlsCAFile=ca, serverSelectionTimeoutMS=30000) as c:
-        wait_until(lambda: c.admin.command("hello").get("isWritablePrimary"), 30,
-                   interval=0.05, what="the shard to be writable")
         c.t.pt.insert_many([{"_id": i, "v": i} for i in range(100)])
         c.t.big.insert_many([{"_id": i, "s": "x" * (1 << 20)} for i in range(8)])
     for n, extra in ((1, None), (2, None), (50, None), (20, "insert"), (20, "scan"),
@@ -1126,53 +1127,7 @@ def test_tls_close_notify_after_pipelined_messages_answers_them_all(start_role, 
             msgs[10] = op_msg(11, {"find": "pt", "filter": {"v": {"$gte": 0}}, "$db": "t"})
         elif extra == "big":  # 8 MiB of replies, more than the socket buffers take
             msgs[10] = op_msg(11, {"find": "big", "batchSize": 100, "$db": "t"})
-        raw_sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        raw_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-        inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
-        tls = ssl.create_default_context(cafile=ca).wrap_bio(inc, out,
-                                                             server_hostname="127.0.0.1")
-
-        def flush():
-            data = out.read()
-            if data:
-                raw_sock.sendall(data)
-
-        def fill():
-            data = raw_sock.recv(1 << 16)
-            if data:
-                inc.write(data)
-            else:
-                inc.write_eof()
-            return bool(data)
-
-        with raw_sock:
-            while True:
-                try:
-                    tls.do_handshake()
-                    break
-                except ssl.SSLWantReadError:
-                    flush()
-                    assert fill(), "closed during the handshake"
-            flush()
-            tls.write(b"".join(msgs))
-            try:
-                tls.unwrap()  # queues close_notify, sent with the messages
-            except ssl.SSLWantReadError:
-                pass
-            flush()
-            plain = b""
-            while True:  # until the server's close (its close_notify or EOF)
-                try:
-                    chunk = tls.read(1 << 20)
-                except ssl.SSLWantReadError:
-                    if not fill():
-                        break
-                    continue
-                except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                    break
-                if not chunk:
-                    break
-                plain += chunk
+        plain = tls_send_then_close_notify(port, ca, b"".join(msgs))
         replies = []
         while len(plain) >= 16:
             length, _rid, rto, _op = struct.unpack("<iiii", plain[:16])
