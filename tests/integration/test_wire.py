@@ -24,6 +24,7 @@ import pymongo
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from test_security_tls import tls_args
 from conftest import (BIN, MONGOSH, assert_clean_exit, free_port, no_gossip, http_get,
                       tls_send_then_close_notify,
                       needs_node_client, node_env, op_msg, wait_until)
@@ -1007,31 +1008,14 @@ def test_held_replies_go_out_before_a_slow_command_and_before_a_close(tc_shard):
         c.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
 
 
-def _self_signed_tls(d):
-    """A CA and a certificate for 127.0.0.1 it signed (openssl CLI): (ca, cert, key)."""
-    def run(*args):
-        subprocess.run(["openssl"] + list(args), check=True, capture_output=True, cwd=d)
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-        "-days", "2", "-subj", "/CN=pipetest-ca")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-        "-subj", "/CN=127.0.0.1")
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf")
-    return str(d / "ca.pem"), str(d / "server.pem"), str(d / "server.key")
-
-
 def _tls_shard(start_role, tmp_path):
-    """A shard with --tls-mode=required and a certificate _self_signed_tls made, writable:
-    (its port, the CA file)."""
-    d = tmp_path / "certs"
-    d.mkdir()
-    ca, cert, key = _self_signed_tls(d)
+    """A shard with --tls-mode=required (test_security_tls.tls_args' certificate),
+    writable: (its port, the CA file)."""
+    ca, args = tls_args(tmp_path, "required")
     port = free_port()
     data = tmp_path / "shard"
     data.mkdir()
-    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}",
-                "--tls-mode=required", f"--tls-cert={cert}", f"--tls-key={key}"])
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}"] + args)
     with pymongo.MongoClient("127.0.0.1", port, directConnection=True, tls=True,
                              tlsCAFile=ca, serverSelectionTimeoutMS=30000) as c:
         wait_until(lambda: c.admin.command("hello").get("isWritablePrimary"), 30,
