@@ -26,7 +26,7 @@
 
 #define FW_FIRST_BUF 16384 /* a reply's first buffer: most point reads fit */
 #define FW_INSERT_BYTES (256 * 1024) /* the largest insert command taken */
-#define FW_PIPELINE 16 /* finds sent together on one connection, at most */
+#define FW_PIPELINE 8 /* finds sent together on one connection, at most */
 
 /* What the forwarder sends: a find, or a write and which. */
 enum fw_kind { FW_FIND, FW_UPDATE, FW_DELETE, FW_INSERT };
@@ -98,7 +98,7 @@ struct px_forwarder {
 };
 
 static sdb_counter *m_answered, *m_fallbacks, *m_find_sends;
-static sdb_gauge *m_in_flight;
+static sdb_gauge *m_in_flight, *m_conns;
 
 px_forwarder *px_forwarder_new(proxy *p)
 {
@@ -120,8 +120,13 @@ px_forwarder *px_forwarder_new(proxy *p)
 		m_find_sends = sdb_metrics_counter(
 			"stripedb_proxy_loop_find_sends_total",
 			"Sends of the loop's point finds to a shard member, each carrying the "
-			"finds of one round of the loop for that member, at most 16 "
+			"finds of one round of the loop for that member, at most 8 "
 			"(forwarder.h).",
+			NULL);
+		m_conns = sdb_metrics_gauge(
+			"stripedb_proxy_loop_connections",
+			"Connections to shard members the proxy's loop thread holds (idle and "
+			"busy; at most 64 per member).",
 			NULL);
 		m_in_flight = sdb_metrics_gauge(
 			"stripedb_proxy_loop_commands_in_flight",
@@ -448,6 +453,7 @@ static void conn_close(fw_conn *c)
 	if (c->closing)
 		return;
 	c->closing = true;
+	sdb_gauge_add(m_conns, -1);
 	c->m->n_conns--;
 	if (c->m->filling == c)
 		c->m->filling = NULL;
@@ -493,6 +499,7 @@ static fw_conn *conn_get(px_forwarder *fw, fw_member *m)
 	c->poll.data = c;
 	c->timer.data = c;
 	c->handles = 2;
+	sdb_gauge_add(m_conns, 1);
 	m->n_conns++;
 	fw->n_open++;
 	return c;

@@ -66,7 +66,7 @@
  * and authenticated by request threads) and kept by the loop for good (at most
  * PX_FORWARD_CONNS per member, besides the request threads' 64 in flight: at most 128
  * connections from one proxy to a member). A write goes alone on one, sent at once. The
- * finds of one round of the loop's I/O for one member go together on one (16 at most,
+ * finds of one round of the loop's I/O for one member go together on one (8 at most,
  * then another): queued as they come and sent in one send after the round (a uv_check
  * handle, and a uv_prepare one for those that come from other phases), and answered in
  * order, since a member runs a connection's messages one at a time; the shard answers
@@ -74,7 +74,10 @@
  * shard then reads and writes its socket once per round of finds, not once per find:
  * with 16 clients the proxy made 0.56 sends per find, and proxy and shard CPU per
  * read fell ~10% (tests/bench/README.md). No command is added to a connection after its
- * send, and one connection's socket timeout covers its finds (all sent at once). A
+ * send, and one connection's socket timeout covers its finds (all sent at once). Since
+ * a member runs a connection's messages one at a time, a find it runs slowly (on a
+ * worker: a document too large for its loop, a failCommand block) delays the ones sent
+ * with it; hence the cap of 8, where 16 clients averaged under 2 finds per send. A
  * connection that fails fails every command on it, each as above (the finds to request
  * threads); finds that never went out whole (a failed or partial send) go to request
  * threads too. An idle one that becomes readable (the member closed it, or sent
@@ -85,7 +88,7 @@
  * stripedb_proxy_loop_command_fallbacks_total (started on the loop, then handed to a
  * request thread), stripedb_proxy_loop_commands_in_flight,
  * stripedb_proxy_loop_find_sends_total (sends of finds: the finds per send is the
- * commands over it, less the writes).
+ * commands over it, less the writes), stripedb_proxy_loop_connections.
  *
  * Loop thread only, every function. */
 #ifndef SDB_PROXY_FORWARDER_H

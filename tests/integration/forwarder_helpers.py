@@ -11,6 +11,7 @@ from proxy_helpers import ProxyCluster, install_filtering
 LOOP = "stripedb_proxy_loop_commands_total"
 FALLBACK = "stripedb_proxy_loop_command_fallbacks_total"
 IN_FLIGHT = "stripedb_proxy_loop_commands_in_flight"
+LOOP_CONNS = "stripedb_proxy_loop_connections"
 
 
 @pytest.fixture

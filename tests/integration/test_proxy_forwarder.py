@@ -293,7 +293,7 @@ def _paused_finds(cluster, coll, ids, then=None):
 
 def test_the_finds_of_one_round_go_to_the_shard_in_one_send(cluster):
     """Point finds that reach the proxy together (here: sent while it was stopped) go to
-    their shard together, 16 at most in one send on one connection (src/proxy/forwarder.h),
+    their shard together, 8 at most in one send on one connection (src/proxy/forwarder.h),
     and each client gets its own document, answered in order by the shard (one message
     at a time per connection, wire/server.h)."""
     coll = cluster.proxy_client(0).fwdb.t
@@ -308,12 +308,12 @@ def test_the_finds_of_one_round_go_to_the_shard_in_one_send(cluster):
             assert rto == 100 + i
             assert body["ok"] == 1.0, body
             assert body["cursor"]["firstBatch"] == [{"_id": _id, "v": _id * 10}], (_id, body)
-        # the 17th and later need a second connection: one the request threads opened
-        # and left idle, else a request thread runs them (and opens it)
+        # the 9th and later need another connection: one the request threads opened
+        # and left idle, else a request thread runs them (and opens one)
         on_loop = cluster.metric(0, LOOP) - loop
-        assert on_loop == n if n <= 16 else 16 <= on_loop <= n
+        assert on_loop == n if n <= 8 else 8 <= on_loop <= n
         assert cluster.metric(0, FALLBACK) == fallbacks
-        assert cluster.metric(0, SENDS) == sent + (on_loop + 15) // 16
+        assert cluster.metric(0, SENDS) == sent + (on_loop + 7) // 8
         assert cluster.metric(0, IN_FLIGHT) == 0
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import free_port, wait_until
 from forwarder_helpers import cluster  # noqa: F401 - the fixture
-from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, one_doc,
-                               strip, warm)
+from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, LOOP_CONNS, in_flight,
+                               listener_closed, one_doc, strip, warm)
 from proxy_helpers import ProxyCluster
 
 
@@ -433,13 +433,13 @@ def _conns_to(port):
 def test_connections_to_a_shard_member_stay_bounded(cluster):
     """The request threads' commands to a shard are bounded by its pool (64 clients), and
     the loop keeps at most PX_FORWARD_CONNS (64) connections per member besides, taken for
-    good from the own ones (src/proxy/README.md): against a slow shard (blockConnection),
-    with 64 + 64 + 64 commands in flight at once, one proxy's connections to the member
-    stay within 128 (and this test's own clients)."""
+    good from the own ones (src/proxy/README.md), each with at most 8 finds: against a
+    slow shard (blockConnection), with 64 + 64 + 64 commands in flight at once, one
+    proxy's connections to the member stay within 128 (and this test's own clients)."""
     cl = cluster
     sid = cl.shard_ids[0]
     port = cl.shard_ports[sid]
-    c = cl.proxy_client(0, maxPoolSize=300, socketTimeoutMS=120000, retryReads=False)
+    c = cl.proxy_client(0, maxPoolSize=300, socketTimeoutMS=300000, retryReads=False)
     coll = c.fwdb.t
     coll.insert_one({"_id": 1, "v": 1})
     warm(coll)
@@ -463,11 +463,11 @@ def test_connections_to_a_shard_member_stay_bounded(cluster):
 
     sh = cl.shard_client(sid)
 
-    def hold(on):
+    def hold(on, ms=4000):
         sh.admin.command({"configureFailPoint": "failCommand",
                           "mode": "alwaysOn" if on else "off",
                           "data": {"failCommands": ["find"], "blockConnection": True,
-                                   "blockTimeMS": 4000}})
+                                   "blockTimeMS": ms}})
     # 64 own connections opened by request threads (concurrent, on a slow shard)
     hold(True)
     ts, _ = burst(64, True)
@@ -475,21 +475,30 @@ def test_connections_to_a_shard_member_stay_bounded(cluster):
     hold(False)
     for t in ts:
         t.join(60)
-    # the loop takes them (concurrent point reads on a slow shard), then 64 more loop
-    # reads and 64 request-thread reads at once: the loop's are capped at 64
-    hold(True)
-    ts, _ = burst(64, False)
+    # the loop takes them (concurrent point reads on a slow shard: finds of one round
+    # share a connection, and wait for each other there), then 64 more loop reads and 64
+    # request-thread reads at once: the request threads' are capped at 64 connections,
+    # the loop's at 64 with at most 8 finds each
+    hold(True, 1000)
+    ts, out1 = burst(64, False)
     wait_until(lambda: cl.metric(0, IN_FLIGHT) == 64, 30, what="64 loop reads in flight")
-    ts2, _ = burst(64, False)
-    ts3, _ = burst(64, True)
-    wait_until(lambda: _conns_to(port) >= 128, 30, what="the request threads' connections")
+    ts2, out2 = burst(64, False)
+    ts3, out3 = burst(64, True)
+    wait_until(lambda: _conns_to(port) >= cl.metric(0, LOOP_CONNS) + 64, 60,
+               what="the request threads' 64 connections besides the loop's")
     n = _conns_to(port)
+    loop_conns = cl.metric(0, LOOP_CONNS)
     inflight = cl.metric(0, IN_FLIGHT)
     hold(False)
     for t in ts + ts2 + ts3:
-        t.join(60)
-    assert inflight == 64, inflight  # the loop's cap
-    assert n <= 128 + 8, (n, inflight)  # + this test's own clients
+        t.join(120)
+    assert loop_conns <= 64, loop_conns
+    assert inflight <= 8 * loop_conns, (inflight, loop_conns)
+    assert n <= 128 + 8, (n, loop_conns, inflight)  # + this test's own clients
+    for r in out1 + out2:
+        assert r == {"_id": 1, "v": 1}, r
+    for r in out3:
+        assert not isinstance(r, Exception) and r["ok"] == 1.0, r
 
 
 @pytest.mark.parametrize("retryable", [True, False])
