@@ -95,3 +95,60 @@ def warm_ids(coll, ids):
     for i in ids:
         coll.find_one({"_id": i})
         coll.find_one({"_id": i})
+
+
+def recv_msg(s):
+    """One OP_MSG answer read whole from socket s: (responseTo, its body)."""
+    import struct
+
+    import bson
+
+    def exact(n):
+        parts, got = [], 0
+        while got < n:
+            chunk = s.recv(min(n - got, 1 << 20))
+            assert chunk, "the proxy closed the connection"
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
+    length, _, response_to, op = struct.unpack("<iiii", exact(16))
+    assert op == 2013
+    payload = exact(length - 16)
+    assert payload[4] == 0  # one kind-0 section
+    return response_to, bson.decode(payload[5:])
+
+
+def paused_cmds(cluster, cmds, then=None, proxy=0, answers=True):
+    """One raw connection to the proxy per command of cmds (each a dict with its $db),
+    each greeted (ping); then, while the proxy is stopped (SIGSTOP), each sends its
+    command (requestId 100 + its index), so that the proxy's next round of I/O takes them
+    all at once; then (SIGCONT) then() if given, and the answers in cmds' order:
+    [(responseTo, body)] (answers=False: the sockets, open, for the caller)."""
+    import signal
+
+    from conftest import op_msg
+
+    socks = []
+    try:
+        for _ in cmds:
+            s = socket.create_connection(("127.0.0.1", cluster.proxy_ports[proxy]),
+                                         timeout=90)
+            socks.append(s)
+            s.sendall(op_msg(1, {"ping": 1, "$db": "admin"}))
+            assert recv_msg(s)[1]["ok"] == 1.0
+        p = cluster.proxy_procs[proxy]
+        p.pause()
+        try:
+            for i, (s, cmd) in enumerate(zip(socks, cmds)):
+                s.sendall(op_msg(100 + i, cmd))
+        finally:
+            p.signal(signal.SIGCONT)
+        if then:
+            then()
+        if not answers:
+            out, socks = socks, []
+            return out
+        return [recv_msg(s) for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -1,0 +1,281 @@
+"""The proxy's loop finds sent together on one connection (src/proxy/forwarder.h, commit
+25b7e20) against what can go wrong with them: a shard that runs some on a worker (a view,
+a batchSize that leaves a cursor, a document near 16 MiB) between others it answers on its
+loop; answers of several MB split across reads; a failCommand on one of them; a shard
+stopped or killed with 16 in flight; the proxy's stop with them in flight or arriving;
+StaleConfig on each of a connection's finds; many threads. Every client must get its own
+answer and the proxy must exit cleanly (no sanitizer report)."""
+import random
+import signal
+import socket
+import threading
+
+import pymongo
+import pytest
+
+from conftest import op_msg, wait_until
+from forwarder_helpers import cluster  # noqa: F401 - the fixture
+from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, listener_closed, paused_cmds,
+                               recv_msg, sharded_cluster, warm)
+
+SENDS = "stripedb_proxy_loop_find_sends_total"
+MB = 1 << 20
+
+
+def _find(coll, _id, **kw):
+    return dict({"find": coll, "filter": {"_id": _id}, "$db": "fwdb"}, **kw)
+
+
+def _check(answers, expected):
+    for i, ((rto, body), exp) in enumerate(zip(answers, expected)):
+        assert rto == 100 + i, (i, rto)
+        assert body.get("ok") == 1.0, (i, body)
+        assert body["cursor"]["id"] == 0, (i, body)
+        assert body["cursor"]["firstBatch"] == exp, (i, [len(str(d)) for d in exp],
+                                                      str(body)[:300])
+
+
+def _assert_clean_exit(proc):
+    assert proc.p.wait(timeout=60) == 0, proc.tail()
+    assert "ERROR: AddressSanitizer" not in proc.tail(), proc.tail()
+    assert "LeakSanitizer" not in proc.tail(), proc.tail()
+
+
+def _small(cluster, n=16):
+    coll = cluster.proxy_client(0).fwdb.t
+    coll.insert_many([{"_id": i, "v": i * 3} for i in range(n)])
+    warm(coll)
+    return [_find("t", i) for i in range(n)], [[{"_id": i, "v": i * 3}] for i in range(n)]
+
+
+def test_finds_the_shard_runs_on_a_worker_between_loop_ones_keep_their_order(cluster):
+    """One round's finds mixing what the shard answers on its loop (small documents, a
+    missing one) with what it hands to a worker (a find on a view; batchSize 1, which
+    leaves a cursor; a document near 16 MiB) and answers of several MB: each client gets
+    its own answer (the shard answers a connection's messages in order)."""
+    c = cluster.proxy_client(0)
+    db = c.fwdb
+    db.t.insert_many([{"_id": i, "v": i} for i in range(8)])
+    db.src.insert_many([{"_id": i, "v": i} for i in range(5)])
+    db.command({"create": "vw", "viewOn": "src", "pipeline": [{"$match": {"v": {"$gte": 2}}}]})
+    bigs = {i: {"_id": i, "p": chr(ord("a") + i) * (3 * MB + i)} for i in range(3)}
+    bigs[9] = {"_id": 9, "p": "z" * (15 * MB)}
+    for d in bigs.values():
+        db.big.insert_one(d)
+    for coll in (db.t, db.src, db.big):
+        warm(coll)
+    db.vw.find_one({"_id": 4})
+    cmds, exp = [], []
+
+    def add(cmd, e):
+        cmds.append(cmd)
+        exp.append(e)
+    add(_find("t", 0), [{"_id": 0, "v": 0}])
+    add(_find("vw", 3), [{"_id": 3, "v": 3}])
+    add(_find("t", 1), [{"_id": 1, "v": 1}])
+    add(_find("big", 0), [bigs[0]])
+    add(_find("t", 2, batchSize=1), [{"_id": 2, "v": 2}])
+    add(_find("big", 1), [bigs[1]])
+    add(_find("vw", 1), [])
+    add(_find("t", 3), [{"_id": 3, "v": 3}])
+    add(_find("t", "missing"), [])
+    add(_find("big", 9), [bigs[9]])
+    add(_find("t", 4), [{"_id": 4, "v": 4}])
+    add(_find("big", 2), [bigs[2]])
+    add(_find("t", 5), [{"_id": 5, "v": 5}])
+    add(_find("vw", 4), [{"_id": 4, "v": 4}])
+    add(_find("t", 6, batchSize=1), [{"_id": 6, "v": 6}])
+    add(_find("t", 7), [{"_id": 7, "v": 7}])
+    sent = cluster.metric(0, SENDS)
+    _check(paused_cmds(cluster, cmds), exp)
+    assert cluster.metric(0, SENDS) == sent + 1
+    assert cluster.metric(0, IN_FLIGHT) == 0
+    # and again with the big ones first
+    order = [3, 9, 5, 11, 0, 1, 2, 4, 6, 7, 8, 10, 12, 13, 14, 15]
+    _check(paused_cmds(cluster, [cmds[i] for i in order]), [exp[i] for i in order])
+    assert cluster.metric(0, IN_FLIGHT) == 0
+
+
+def test_sixteen_finds_in_flight_to_a_stopped_shard_are_answered_when_it_runs_again(cluster):
+    cmds, exp = _small(cluster)
+    sid = cluster.shard_ids[0]
+    shard = cluster.shard_procs[sid]
+    fb, loop = cluster.metric(0, FALLBACK), cluster.metric(0, LOOP)
+    shard.pause()
+
+    def resume():
+        wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 16, 20, what="16 in flight")
+        shard.signal(signal.SIGCONT)
+    _check(paused_cmds(cluster, cmds, then=resume), exp)
+    assert cluster.metric(0, FALLBACK) == fb
+    assert cluster.metric(0, LOOP) == loop + 16
+    assert cluster.metric(0, IN_FLIGHT) == 0
+
+
+def test_sixteen_finds_in_flight_to_a_killed_shard(cluster):
+    cmds, exp = _small(cluster)
+    sid = cluster.shard_ids[0]
+    shard = cluster.shard_procs[sid]
+    fb = cluster.metric(0, FALLBACK)
+    shard.pause()
+
+    def kill():
+        wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 16, 20, what="16 in flight")
+        shard.kill()
+        shard.restart()
+    _check(paused_cmds(cluster, cmds, then=kill), exp)
+    assert cluster.metric(0, FALLBACK) == fb + 16
+    assert cluster.metric(0, IN_FLIGHT) == 0
+
+
+def test_the_proxy_stop_with_sixteen_finds_in_flight(cluster):
+    """SIGTERM while 16 finds sent together wait for a stopped shard: they stay, are
+    answered once it runs again, and the proxy exits cleanly."""
+    cmds, exp = _small(cluster)
+    sid = cluster.shard_ids[0]
+    shard = cluster.shard_procs[sid]
+    proxy = cluster.proxy_procs[0]
+    port = cluster.proxy_ports[0]
+    shard.pause()
+
+    def stop():
+        wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 16, 20, what="16 in flight")
+        proxy.signal(signal.SIGTERM)
+        wait_until(lambda: listener_closed(port), 20, what="the proxy's stop began")
+        assert proxy.p.poll() is None
+        shard.signal(signal.SIGCONT)
+    _check(paused_cmds(cluster, cmds, then=stop), exp)
+    _assert_clean_exit(proxy)
+
+
+def test_the_proxy_stop_while_finds_arrive_together(cluster):
+    """SIGTERM sent while the proxy is stopped and 16 finds wait to be read: each client
+    gets its own answer or a closed connection, and the proxy exits cleanly."""
+    cmds, exp = _small(cluster)
+    proxy = cluster.proxy_procs[0]
+    socks = []
+    try:
+        for _ in cmds:
+            s = socket.create_connection(("127.0.0.1", cluster.proxy_ports[0]), timeout=60)
+            socks.append(s)
+            s.sendall(op_msg(1, {"ping": 1, "$db": "admin"}))
+            assert recv_msg(s)[1]["ok"] == 1.0
+        proxy.pause()
+        for i, (s, cmd) in enumerate(zip(socks, cmds)):
+            s.sendall(op_msg(100 + i, cmd))
+        proxy.signal(signal.SIGTERM)
+        proxy.signal(signal.SIGCONT)
+        for i, s in enumerate(socks):
+            try:
+                rto, body = recv_msg(s)
+            except (AssertionError, ConnectionError):
+                continue  # closed by the stop before it was read
+            assert rto == 100 + i
+            if body.get("ok") == 1.0:
+                assert body["cursor"]["firstBatch"] == exp[i], body
+    finally:
+        for s in socks:
+            s.close()
+    _assert_clean_exit(proxy)
+
+
+@pytest.mark.parametrize("data", [{"closeConnection": True},
+                                  {"errorCode": 11602}, {"errorCode": 2}])
+def test_a_fail_point_on_one_of_the_finds_sent_together(cluster, data):
+    """The shard's failCommand on the first find of a connection's 16: a closed connection
+    sends all 16 to request threads; a state change that one (and the error code 2 is
+    answered as the shard gave it); the others are answered with their documents."""
+    cmds, exp = _small(cluster)
+    cluster.shard_client(cluster.shard_ids[0]).admin.command(
+        {"configureFailPoint": "failCommand", "mode": {"times": 1},
+         "data": dict({"failCommands": ["find"]}, **data)})
+    answers = paused_cmds(cluster, cmds)
+    failed = [i for i, (_, b) in enumerate(answers) if b.get("ok") != 1.0]
+    if data.get("errorCode") == 2:
+        assert len(failed) == 1, answers
+        assert answers[failed[0]][1]["code"] == 2
+        for i, (rto, body) in enumerate(answers):
+            assert rto == 100 + i
+            if i not in failed:
+                assert body["cursor"]["firstBatch"] == exp[i], body
+        assert cluster.metric(0, IN_FLIGHT) == 0
+        return
+    assert failed == [], answers
+    _check(answers, exp)
+    assert cluster.metric(0, IN_FLIGHT) == 0
+
+
+def test_stale_config_on_each_find_of_one_connection(start_role, tmp_path):
+    """A shard without filtering metadata refuses each of 16 finds sent together with
+    StaleConfig: each goes to a request thread, which answers it; then the loop answers
+    them."""
+    cl = sharded_cluster(start_role, tmp_path, {"_id": 1}, False)
+    try:
+        coll = cl.proxy_client(0).fwdb.s
+        coll.insert_many([{"_id": i, "v": i} for i in range(16)])
+        coll.update_one({"_id": 1}, {"$set": {"w": 1}})  # the primary learned
+        coll.update_one({"_id": 1}, {"$unset": {"w": 1}})
+        cmds = [dict({"find": "s", "filter": {"_id": i}, "$db": "fwdb"}) for i in range(16)]
+        exp = [[{"_id": i, "v": i}] for i in range(16)]
+        fb = cl.metric(0, FALLBACK)
+        _check(paused_cmds(cl, cmds), exp)
+        assert cl.metric(0, FALLBACK) - fb >= 1
+        loop = cl.metric(0, LOOP)
+        _check(paused_cmds(cl, cmds), exp)
+        assert cl.metric(0, LOOP) - loop >= 1
+        assert cl.metric(0, IN_FLIGHT) == 0
+        _assert_clean_exit_after_stop(cl.proxy_procs[0])
+    finally:
+        cl.close()
+
+
+def _assert_clean_exit_after_stop(proc):
+    proc.signal(signal.SIGTERM)
+    _assert_clean_exit(proc)
+
+
+def test_many_threads_reading_their_own_documents(cluster):
+    """32 threads reading documents of 10 B to 1.5 MB by _id, four more writing other
+    documents of the same shard: each read gets its own document."""
+    c = cluster.proxy_client(0, maxPoolSize=64)
+    coll = c.fwdb.m
+    sizes = [10, 100, 1000, 20000, 300000, 1500000]
+    docs = {i: {"_id": i, "p": "x" * sizes[i % len(sizes)] + str(i)} for i in range(60)}
+    coll.insert_many(list(docs.values()))
+    warm(coll)
+    errors = []
+    stop = threading.Event()
+
+    def reader(t):
+        rnd = random.Random(t)
+        try:
+            for _ in range(150):
+                i = rnd.randrange(70)
+                got = coll.find_one({"_id": i})
+                if got != docs.get(i):
+                    errors.append((t, i, None if got is None else len(got.get("p", ""))))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    def writer(t):
+        try:
+            n = 0
+            while not stop.is_set():
+                coll.update_one({"_id": f"w{t}"}, {"$set": {"n": n}}, upsert=True)
+                n += 1
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+    loop = cluster.metric(0, LOOP)
+    ws = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+    rs = [threading.Thread(target=reader, args=(t,)) for t in range(32)]
+    for t in ws + rs:
+        t.start()
+    for t in rs:
+        t.join()
+    stop.set()
+    for t in ws:
+        t.join()
+    assert errors == []
+    assert cluster.metric(0, LOOP) - loop >= 32 * 150 * 0.5
+    assert cluster.metric(0, IN_FLIGHT) == 0
+    _assert_clean_exit_after_stop(cluster.proxy_procs[0])
