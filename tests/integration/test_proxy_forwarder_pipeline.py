@@ -279,3 +279,45 @@ def test_many_threads_reading_their_own_documents(cluster):
     assert cluster.metric(0, LOOP) - loop >= 32 * 150 * 0.5
     assert cluster.metric(0, IN_FLIGHT) == 0
     _assert_clean_exit_after_stop(cluster.proxy_procs[0])
+
+
+def _rx_queued(port):
+    """Bytes waiting in the receive queues of this host's sockets connected to 127.0.0.1:port
+    (the proxy's connections to a shard: /proc/net/tcp)."""
+    total = 0
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            rem = fields[2]
+            if int(rem.split(":")[1], 16) == port and fields[3] == "01":  # ESTABLISHED
+                total += int(fields[4].split(":")[1], 16)
+    return total
+
+
+@pytest.mark.parametrize("size", [10, 1 << 20])
+def test_answers_that_wait_while_the_proxy_is_stopped(cluster, size):
+    """16 finds in flight to a stopped shard; the proxy stopped, the shard resumed: the
+    answers pile up in the proxy's socket (several in one recv; of 1 MiB each, more than
+    its receive buffer, each split across recvs) and each client gets its own."""
+    c = cluster.proxy_client(0)
+    docs = [{"_id": i, "p": chr(97 + i) * size} for i in range(16)]
+    c.fwdb.t.insert_many(docs)
+    warm(c.fwdb.t)
+    sid = cluster.shard_ids[0]
+    shard = cluster.shard_procs[sid]
+    proxy = cluster.proxy_procs[0]
+    shard.pause()
+
+    def then():
+        wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 16, 20, what="16 in flight")
+        proxy.pause()
+        shard.signal(signal.SIGCONT)
+        wait_until(lambda: _rx_queued(cluster.shard_ports[sid]) >= min(16 * size, 64 << 10),
+                   30, interval=0.01, what="answers waiting for the proxy")
+        proxy.signal(signal.SIGCONT)
+    fb = cluster.metric(0, FALLBACK)
+    _check(paused_cmds(cluster, [_find("t", i) for i in range(16)], then=then),
+           [[d] for d in docs])
+    assert cluster.metric(0, FALLBACK) == fb
+    assert cluster.metric(0, IN_FLIGHT) == 0
