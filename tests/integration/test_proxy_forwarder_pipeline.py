@@ -13,7 +13,7 @@ import threading
 import pymongo
 import pytest
 
-from conftest import op_msg, wait_until
+from conftest import assert_clean_exit, op_msg, wait_until
 from forwarder_helpers import cluster  # noqa: F401 - the fixture
 from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, listener_closed, paused_cmds,
                                recv_msg, sharded_cluster, warm)
@@ -39,6 +39,13 @@ def _assert_clean_exit(proc):
     assert proc.p.wait(timeout=60) == 0, proc.tail()
     assert "ERROR: AddressSanitizer" not in proc.tail(), proc.tail()
     assert "LeakSanitizer" not in proc.tail(), proc.tail()
+
+
+def _all_clean(cluster):
+    """The proxy, then the shards, stopped gracefully with no sanitizer report."""
+    assert_clean_exit(cluster.proxy_procs[0])
+    for sid in cluster.shard_ids:
+        assert_clean_exit(cluster.shard_procs[sid])
 
 
 def _small(cluster, n=16):
@@ -94,6 +101,7 @@ def test_finds_the_shard_runs_on_a_worker_between_loop_ones_keep_their_order(clu
     order = [3, 9, 5, 11, 0, 1, 2, 4, 6, 7, 8, 10, 12, 13, 14, 15]
     _check(paused_cmds(cluster, [cmds[i] for i in order]), [exp[i] for i in order])
     assert cluster.metric(0, IN_FLIGHT) == 0
+    _all_clean(cluster)
 
 
 def test_sixteen_finds_in_flight_to_a_stopped_shard_are_answered_when_it_runs_again(cluster):
@@ -110,6 +118,7 @@ def test_sixteen_finds_in_flight_to_a_stopped_shard_are_answered_when_it_runs_ag
     assert cluster.metric(0, FALLBACK) == fb
     assert cluster.metric(0, LOOP) == loop + 16
     assert cluster.metric(0, IN_FLIGHT) == 0
+    _all_clean(cluster)
 
 
 def test_sixteen_finds_in_flight_to_a_killed_shard(cluster):
@@ -126,6 +135,7 @@ def test_sixteen_finds_in_flight_to_a_killed_shard(cluster):
     _check(paused_cmds(cluster, cmds, then=kill), exp)
     assert cluster.metric(0, FALLBACK) == fb + 16
     assert cluster.metric(0, IN_FLIGHT) == 0
+    _all_clean(cluster)
 
 
 def test_the_proxy_stop_with_sixteen_finds_in_flight(cluster):
@@ -199,10 +209,12 @@ def test_a_fail_point_on_one_of_the_finds_sent_together(cluster, data):
             if i not in failed:
                 assert body["cursor"]["firstBatch"] == exp[i], body
         assert cluster.metric(0, IN_FLIGHT) == 0
+        _all_clean(cluster)
         return
     assert failed == [], answers
     _check(answers, exp)
     assert cluster.metric(0, IN_FLIGHT) == 0
+    _all_clean(cluster)
 
 
 def test_stale_config_on_each_find_of_one_connection(start_role, tmp_path):
@@ -321,3 +333,4 @@ def test_answers_that_wait_while_the_proxy_is_stopped(cluster, size):
            [[d] for d in docs])
     assert cluster.metric(0, FALLBACK) == fb
     assert cluster.metric(0, IN_FLIGHT) == 0
+    _all_clean(cluster)
