@@ -123,7 +123,8 @@ def paused_cmds(cluster, cmds, then=None, proxy=0, answers=True):
     each greeted (ping); then, while the proxy is stopped (SIGSTOP), each sends its
     command (requestId 100 + its index), so that the proxy's next round of I/O takes them
     all at once; then (SIGCONT) then() if given, and the answers in cmds' order:
-    [(responseTo, body)] (answers=False: the sockets, open, for the caller)."""
+    [(responseTo, body)] (answers=False: then(sockets) instead, and the sockets are the
+    caller's)."""
     import signal
 
     from conftest import op_msg
@@ -144,7 +145,7 @@ def paused_cmds(cluster, cmds, then=None, proxy=0, answers=True):
         finally:
             p.signal(signal.SIGCONT)
         if then:
-            then()
+            then() if answers else then(socks)
         if not answers:
             out, socks = socks, []
             return out

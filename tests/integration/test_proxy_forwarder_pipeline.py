@@ -334,3 +334,92 @@ def test_answers_that_wait_while_the_proxy_is_stopped(cluster, size):
     assert cluster.metric(0, FALLBACK) == fb
     assert cluster.metric(0, IN_FLIGHT) == 0
     _all_clean(cluster)
+
+
+def test_the_socket_timeout_of_sixteen_finds_sent_together(start_role, tmp_path):
+    """The shard URI's socketTimeoutMS bounds a connection's 16 finds together: past it
+    all 16 go to request threads, which answer them once the shard runs again."""
+    from proxy_helpers import ProxyCluster
+    from conftest import free_port
+    cl = ProxyCluster(start_role, tmp_path, shards=0, proxies=0)
+    try:
+        port = free_port()
+        d = tmp_path / "shard-a"
+        d.mkdir()
+        proc = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+        cl.shard_ids.append("shard-a")
+        cl.shard_ports["shard-a"] = port
+        cl.shard_procs["shard-a"] = proc
+        cl.meta_cmd({"addShard": "shard-a",
+                     "uri": f"mongodb://127.0.0.1:{port}/?socketTimeoutMS=1500"})
+        cl.add_proxy()
+        cmds, exp = _small(cl)
+        fb = cl.metric(0, FALLBACK)
+        proc.pause()
+
+        def then():
+            wait_until(lambda: cl.metric(0, FALLBACK) == fb + 16, 30, what="the timeout")
+            proc.signal(signal.SIGCONT)
+        _check(paused_cmds(cl, cmds, then=then), exp)
+        assert cl.metric(0, IN_FLIGHT) == 0
+        _all_clean(cl)
+    finally:
+        cl.close()
+
+
+def test_finds_too_large_for_one_send_go_to_request_threads(cluster):
+    """16 finds whose _id is a 1 MiB string: more than the socket takes in one
+    non-blocking send; what is not sent whole goes to request threads, and each client
+    gets its own document."""
+    coll = cluster.proxy_client(0).fwdb.t
+    ids = [chr(97 + i) * MB for i in range(16)]
+    for i, _id in enumerate(ids):
+        coll.insert_one({"_id": _id, "i": i})
+    warm(coll)
+    cmds = [_find("t", _id) for _id in ids]
+    exp = [[{"_id": _id, "i": i}] for i, _id in enumerate(ids)]
+    for _ in range(3):
+        _check(paused_cmds(cluster, cmds), exp)
+    assert cluster.metric(0, IN_FLIGHT) == 0
+    _all_clean(cluster)
+
+
+@pytest.mark.parametrize("when", ["queued", "in_flight"])
+def test_clients_that_reset_while_their_finds_are_together(cluster, when):
+    """16 clients reset their connection (SO_LINGER 0) after sending their find, before
+    the proxy read it (queued) or while the finds wait for a stopped shard (in_flight):
+    the proxy serves on (a 17th client reads) and exits cleanly."""
+    import struct
+    cmds, exp = _small(cluster)
+    sid = cluster.shard_ids[0]
+    shard = cluster.shard_procs[sid]
+    proxy = cluster.proxy_procs[0]
+    linger = struct.pack("ii", 1, 0)
+    if when == "in_flight":
+        shard.pause()
+
+        def then(socks):
+            wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 16, 20, what="16 in flight")
+            for s in socks:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+                s.close()
+            shard.signal(signal.SIGCONT)
+        paused_cmds(cluster, cmds, answers=False, then=then)
+    else:
+        socks = []
+        for _ in cmds:
+            s = socket.create_connection(("127.0.0.1", cluster.proxy_ports[0]), timeout=60)
+            socks.append(s)
+            s.sendall(op_msg(1, {"ping": 1, "$db": "admin"}))
+            assert recv_msg(s)[1]["ok"] == 1.0
+        proxy.pause()
+        for i, (s, cmd) in enumerate(zip(socks, cmds)):
+            s.sendall(op_msg(100 + i, cmd))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            s.close()
+        proxy.signal(signal.SIGCONT)
+    wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 0, 20, what="none in flight")
+    coll = cluster.proxy_client(0).fwdb.t
+    for i in range(16):
+        assert coll.find_one({"_id": i}) == exp[i][0]
+    _all_clean(cluster)
