@@ -423,3 +423,33 @@ def test_clients_that_reset_while_their_finds_are_together(cluster, when):
     for i in range(16):
         assert coll.find_one({"_id": i}) == exp[i][0]
     _all_clean(cluster)
+
+
+def test_a_slow_find_does_not_hold_the_finds_sent_with_it(cluster):
+    """A point find whose projection computes for seconds (the shard runs it on a worker,
+    shard/commands.c read_inline_candidate) reaches the proxy in the same round as 15
+    plain point finds of other clients. The shard answers a connection's messages one at a
+    time, so on one connection with it they would wait for it: the 15 must be answered
+    while it still runs."""
+    import select
+    coll = cluster.proxy_client(0).fwdb.t
+    coll.insert_many([{"_id": i, "v": i} for i in range(16)])
+    warm(coll)
+    slow = {"v": 1, "s": {"$reduce": {"input": {"$range": [0, 1000000]}, "initialValue": 0,
+                                      "in": {"$add": ["$$value", "$$this"]}}}}
+    cmds = [_find("t", 0, projection=slow)] + [_find("t", i) for i in range(1, 16)]
+    loop = cluster.metric(0, LOOP)
+
+    def then(socks):
+        for i, s in enumerate(socks[1:], 1):
+            rto, body = recv_msg(s)
+            assert (rto, body["cursor"]["firstBatch"]) == (100 + i, [{"_id": i, "v": i}])
+        # the 15 are in while the slow one runs
+        assert select.select([socks[0]], [], [], 0)[0] == [], "answered behind the slow find"
+        rto, body = recv_msg(socks[0])
+        assert body["cursor"]["firstBatch"] == [{"_id": 0, "v": 0, "s": 499999500000}]
+        for s in socks:
+            s.close()
+    paused_cmds(cluster, cmds, answers=False, then=then)
+    assert cluster.metric(0, LOOP) - loop == 16
+    assert cluster.metric(0, IN_FLIGHT) == 0
