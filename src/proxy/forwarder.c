@@ -249,6 +249,42 @@ static bool point_find(const bson_t *cmd, const char **coll)
 	return have_filter;
 }
 
+/* Projection values a shard's loop takes (shard/commands.c projection_plain, narrowed):
+ * numbers and booleans, and sub-documents of those with no operator. */
+static bool plain_projection(bson_iter_t *it)
+{
+	bson_iter_t sub;
+
+	while (bson_iter_next(it)) {
+		if (BSON_ITER_HOLDS_NUMBER(it) || BSON_ITER_HOLDS_BOOL(it))
+			continue;
+		if (!BSON_ITER_HOLDS_DOCUMENT(it) || !bson_iter_recurse(it, &sub))
+			return false;
+		bson_iter_t op = sub;
+		if (!bson_iter_next(&op) || bson_iter_key(&op)[0] == '$' || !plain_projection(&sub))
+			return false;
+	}
+	return true;
+}
+
+/* May find cmd (point_find took it), sent as len bytes, share a connection with other
+ * finds? Only one the shard answers on its loop (shard/commands.c read_inline_candidate:
+ * a command of at most 4096 bytes, a plain projection): the shard runs a connection's
+ * messages one at a time, so a find it hands to a worker (a projection that computes, a
+ * large command) would hold every find sent after it on that connection. Such a find
+ * goes alone, as before finds were sent together. */
+#define FW_SHARD_INLINE_MAX_CMD_BYTES 4096u
+static bool pipelinable_find(const bson_t *cmd, size_t len)
+{
+	bson_iter_t it, p;
+
+	if (len > FW_SHARD_INLINE_MAX_CMD_BYTES)
+		return false;
+	if (!bson_iter_init_find(&it, cmd, "projection"))
+		return true;
+	return BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &p) && plain_projection(&p);
+}
+
 /* Is the statement at st (an element of an update's `updates`) one the forwarder takes:
  * {q: {_id: <plain value>}, u: <a document of update operators or a replacement, no
  * JavaScript operator>, upsert?, multi: false?}? */
@@ -1155,7 +1191,12 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	 * an idle connection with anything to read (a FIN or RST whose poll event the loop
 	 * has not handled yet in this iteration) is dropped first. Finds and retryable
 	 * writes need no check: their failure goes to a request thread. */
-	if (!write && m->filling && m->filling->n_ops < FW_PIPELINE && !m->filling->closing) {
+	/* the shard's inline limit is on the command it gets, a little larger than the
+	 * client's (shardconn_forward_finish, the view check): the client's with a margin */
+	bool alone = !write && !pipelinable_find(cmd, (size_t)cmd->len + 512);
+
+	if (!write && !alone && m->filling && m->filling->n_ops < FW_PIPELINE &&
+	    !m->filling->closing) {
 		c = m->filling;
 	} else {
 		while ((c = conn_get(fw, m)) != NULL && write && !txn.on && conn_stale(c)) {
@@ -1215,7 +1256,8 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 			c->flush_next = fw->flush;
 			fw->flush = c;
 		}
-		m->filling = c;
+		if (!alone) /* else no other find joins it */
+			m->filling = c;
 	} else {
 		struct iovec iov[2];
 		struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};

@@ -69,7 +69,10 @@
  * finds of one round of the loop's I/O for one member go together on one (8 at most,
  * then another): queued as they come and sent in one send after the round (a uv_check
  * handle, and a uv_prepare one for those that come from other phases), and answered in
- * order, since a member runs a connection's messages one at a time; the shard answers
+ * order, since a member runs a connection's messages one at a time (so only finds the
+ * shard runs on its loop go together: a projection that computes or a command over
+ * ~4 KiB, which a worker runs, would hold the finds behind it; such a find goes alone,
+ * forwarder.c pipelinable_find); the shard answers
  * those it reads on its loop in one pass and one write (wire/server.c finish_done). A
  * shard then reads and writes its socket once per round of finds, not once per find:
  * with 16 clients the proxy made 0.56 sends per find, and proxy and shard CPU per
