@@ -455,3 +455,51 @@ def test_a_slow_find_does_not_hold_the_finds_sent_with_it(cluster):
     # another idle connection, else through request threads
     assert cluster.metric(0, LOOP) - loop >= 1
     assert cluster.metric(0, IN_FLIGHT) == 0
+
+
+def test_readers_through_a_shard_stopped_and_resumed_many_times(cluster):
+    """24 threads reading their own documents while the shard is stopped (with finds in
+    flight together) and resumed six times, then killed and restarted once: every read
+    gets its own document, and the proxy exits cleanly."""
+    c = cluster.proxy_client(0, maxPoolSize=64, socketTimeoutMS=60000)
+    coll = c.fwdb.r
+    docs = {i: {"_id": i, "p": "y" * (i * 997 % 50000)} for i in range(48)}
+    coll.insert_many(list(docs.values()))
+    warm(coll)
+    sid = cluster.shard_ids[0]
+    shard = cluster.shard_procs[sid]
+    errors, stop = [], threading.Event()
+
+    def reader(t):
+        rnd = random.Random(t)
+        try:
+            while not stop.is_set():
+                i = rnd.randrange(48)
+                got = coll.find_one({"_id": i})
+                if got != docs[i]:
+                    errors.append((t, i, None if got is None else len(got["p"])))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+    rs = [threading.Thread(target=reader, args=(t,)) for t in range(24)]
+    for t in rs:
+        t.start()
+    try:
+        for _ in range(6):
+            shard.pause()
+            wait_until(lambda: cluster.metric(0, IN_FLIGHT) >= 8, 20, what="finds in flight")
+            shard.signal(signal.SIGCONT)
+            loop = cluster.metric(0, LOOP)
+            wait_until(lambda: cluster.metric(0, LOOP) > loop + 50, 30, what="reads again")
+        shard.pause()
+        wait_until(lambda: cluster.metric(0, IN_FLIGHT) >= 8, 20, what="finds in flight")
+        shard.kill()
+        shard.restart()
+        loop = cluster.metric(0, LOOP)
+        wait_until(lambda: cluster.metric(0, LOOP) > loop + 50, 60, what="reads again")
+    finally:
+        stop.set()
+        for t in rs:
+            t.join()
+    assert errors == []
+    assert cluster.metric(0, IN_FLIGHT) == 0
+    _all_clean(cluster)
