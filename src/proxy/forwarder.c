@@ -1005,6 +1005,11 @@ static void fw_flush(px_forwarder *fw)
 		do
 			k = send(c->fd, c->out, c->out_len, MSG_NOSIGNAL | MSG_DONTWAIT);
 		while (k < 0 && (send_errno = errno) == EINTR);
+		if (c->out_cap > FW_FIRST_BUF) { /* a large find's buffer is not kept either */
+			free(c->out);
+			c->out = NULL;
+			c->out_cap = 0;
+		}
 		if (k == (ssize_t)c->out_len) {
 			sdb_counter_inc(m_find_sends);
 			c->out_len = 0;
