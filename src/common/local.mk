@@ -7,6 +7,7 @@ libstripedb_a_SOURCES += \
 	src/common/clock.c \
 	src/common/clustertime.c \
 	src/common/cmdopts.c \
+	src/common/loopread.c \
 	src/common/readconcern.c \
 	src/common/curop.c \
 	src/common/config.c \
@@ -32,6 +33,7 @@ noinst_HEADERS += \
 	src/common/renamecoll.h \
 	src/common/aggwrite.h \
 	src/common/cmdopts.h \
+	src/common/loopread.h \
 	src/common/readconcern.h \
 	src/common/curop.h \
 	src/common/alloc.h \

@@ -13,6 +13,7 @@
 #include "common/alloc.h"
 #include "common/bsonget.h"
 #include "common/cmdopts.h"
+#include "common/loopread.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "proxy/exec.h"
@@ -249,40 +250,23 @@ static bool point_find(const bson_t *cmd, const char **coll)
 	return have_filter;
 }
 
-/* Projection values a shard's loop takes (shard/commands.c projection_plain, narrowed):
- * numbers and booleans, and sub-documents of those with no operator. */
-static bool plain_projection(bson_iter_t *it)
-{
-	bson_iter_t sub;
-
-	while (bson_iter_next(it)) {
-		if (BSON_ITER_HOLDS_NUMBER(it) || BSON_ITER_HOLDS_BOOL(it))
-			continue;
-		if (!BSON_ITER_HOLDS_DOCUMENT(it) || !bson_iter_recurse(it, &sub))
-			return false;
-		bson_iter_t op = sub;
-		if (!bson_iter_next(&op) || bson_iter_key(&op)[0] == '$' || !plain_projection(&sub))
-			return false;
-	}
-	return true;
-}
-
 /* May find cmd (point_find took it), sent as len bytes, share a connection with other
- * finds? Only one the shard answers on its loop (shard/commands.c read_inline_candidate:
- * a command of at most 4096 bytes, a plain projection): the shard runs a connection's
- * messages one at a time, so a find it hands to a worker (a projection that computes, a
- * large command) would hold every find sent after it on that connection. Such a find
- * goes alone, as before finds were sent together. */
-#define FW_SHARD_INLINE_MAX_CMD_BYTES 4096u
+ * finds? Only one the shard answers on its loop (common/loopread.h, as the shard's
+ * read_inline_candidate decides: a command of at most SDB_LOOP_READ_MAX_CMD_BYTES, a
+ * plain projection): the shard runs a connection's messages one at a time, so a find it
+ * hands to a worker (a projection that computes, a large command) would hold every find
+ * sent after it on that connection. Such a find goes alone, as before finds were sent
+ * together. */
 static bool pipelinable_find(const bson_t *cmd, size_t len)
 {
 	bson_iter_t it, p;
 
-	if (len > FW_SHARD_INLINE_MAX_CMD_BYTES)
+	if (len > SDB_LOOP_READ_MAX_CMD_BYTES)
 		return false;
 	if (!bson_iter_init_find(&it, cmd, "projection"))
 		return true;
-	return BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &p) && plain_projection(&p);
+	return BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &p) &&
+	       sdb_projection_plain(&p);
 }
 
 /* Is the statement at st (an element of an update's `updates`) one the forwarder takes:

@@ -7,6 +7,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/cmdopts.h"
+#include "common/loopread.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "shard/members.h"
@@ -162,69 +163,6 @@ shard_cmd_fn shard_cmd_lookup(const char *name)
 	return NULL;
 }
 
-/* Does the query filter at it (a document or an array of a $and/$or/$nor) hold an
- * operator whose cost per document has no bound but the server's (an aggregation
- * expression: $expr; JavaScript: $where, $function)? Walks every nested document. */
-static bool filter_has_expr(bson_iter_t *it)
-{
-	bson_iter_t sub;
-
-	while (bson_iter_next(it)) {
-		const char *k = bson_iter_key(it);
-		if (strcmp(k, "$expr") == 0 || strcmp(k, "$where") == 0 ||
-		    strcmp(k, "$function") == 0)
-			return true;
-		if ((BSON_ITER_HOLDS_DOCUMENT(it) || BSON_ITER_HOLDS_ARRAY(it)) &&
-		    bson_iter_recurse(it, &sub) && filter_has_expr(&sub))
-			return true;
-	}
-	return false;
-}
-
-/* Is the find projection at it made only of inclusions and exclusions (numbers, bools),
- * nested sub-projections of those, $slice and expression-free $elemMatch? Anything else
- * (an aggregation expression, $meta, a literal) is evaluated per document at a cost the
- * projection alone bounds. */
-static bool projection_plain(bson_iter_t *it)
-{
-	bson_iter_t sub, op;
-
-	while (bson_iter_next(it)) {
-		if (BSON_ITER_HOLDS_NUMBER(it) || BSON_ITER_HOLDS_BOOL(it))
-			continue;
-		if (!BSON_ITER_HOLDS_DOCUMENT(it) || !bson_iter_recurse(it, &sub))
-			return false;
-		op = sub;
-		if (!bson_iter_next(&op))
-			return false; /* {}: the find answers the error */
-		if (bson_iter_key(&op)[0] != '$') {
-			if (!projection_plain(&sub))
-				return false;
-			continue;
-		}
-		if (strcmp(bson_iter_key(&op), "$slice") == 0) {
-			if (!BSON_ITER_HOLDS_NUMBER(&op) && !BSON_ITER_HOLDS_ARRAY(&op))
-				return false;
-		} else if (strcmp(bson_iter_key(&op), "$elemMatch") == 0) {
-			bson_iter_t em;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&op) || !bson_iter_recurse(&op, &em) ||
-			    filter_has_expr(&em))
-				return false;
-		} else {
-			return false;
-		}
-		if (bson_iter_next(&op))
-			return false;
-	}
-	return true;
-}
-
-/* The largest find command tried on the loop thread (bytes of its BSON): parsing and
- * planning it there, before the plan says whether it is a point read, costs time in
- * proportion to its size (a filter {_id: {$in: [900,000 ids]}}, 12 MB, held the loop
- * thread 2-7 s before it went to a worker). A point read's command is a few hundred. */
-#define INLINE_MAX_CMD_BYTES 4096u
-
 /* May req run on the loop thread (shard_pool_run_inline)? A find whose filter names _id
  * at its top level, without a hint: likely a point read. This only saves queueing what
  * would be deferred; the find decides by its plan (sdb_query_is_point) and defers what
@@ -232,24 +170,24 @@ static bool projection_plain(bson_iter_t *it)
  * find with `let`, an expression in its filter ($expr) or a projection that is not plain
  * (projection_plain) can run for as long as its expressions do, which on the loop thread
  * would hold Raft's heartbeats (an election) and ignore maxTimeMS and killOp: a worker
- * runs those, and commands over INLINE_MAX_CMD_BYTES. */
+ * runs those, and commands over SDB_LOOP_READ_MAX_CMD_BYTES. */
 static bool read_inline_candidate(wire_req *req)
 {
 	bson_iter_t it, f;
 	const bson_t *cmd = wire_req_cmd(req);
 
-	if (strcmp(wire_req_name(req), "find") != 0 || cmd->len > INLINE_MAX_CMD_BYTES)
+	if (strcmp(wire_req_name(req), "find") != 0 || cmd->len > SDB_LOOP_READ_MAX_CMD_BYTES)
 		return false;
 	if (wire_req_cmd_find(req, "hint", &it) || wire_req_cmd_find(req, "let", &it))
 		return false;
 	if (wire_req_cmd_find(req, "projection", &it) &&
 	    (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &f) ||
-	     !projection_plain(&f)))
+	     !sdb_projection_plain(&f)))
 		return false;
 	if (!wire_req_cmd_find(req, "filter", &it) || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
 	    !bson_iter_recurse(&it, &f) || !bson_iter_find(&f, "_id"))
 		return false;
-	return bson_iter_recurse(&it, &f) && !filter_has_expr(&f);
+	return bson_iter_recurse(&it, &f) && !sdb_filter_has_expr(&f);
 }
 
 void shard_cmd_run_read(shard *sh, wire_req *req, shard_cmd_fn fn)

@@ -6,18 +6,16 @@ really go that way; every answer is the one a request thread gives for the same 
 state change, a closed connection, a stopped shard, the proxy's own stop), is answered as
 before, and no update is applied twice or lost."""
 import signal
-import socket
-import struct
 import threading
 
 import bson
 import pymongo
 import pytest
 
-from conftest import free_port, op_msg, recv_exact, wait_until
+from conftest import free_port, wait_until
 from forwarder_helpers import cluster  # noqa: F401 - the fixture
 from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, one_doc,
-                               strip, warm)
+                               paused_cmds, strip, warm)
 from proxy_helpers import ProxyCluster
 
 SENDS = "stripedb_proxy_loop_find_sends_total"
@@ -255,40 +253,10 @@ def test_concurrent_point_reads_and_writes(cluster):
     assert cluster.metric(0, IN_FLIGHT) == 0
 
 
-def _recv_msg(s):
-    """One OP_MSG answer read whole from socket s: (responseTo, its body)."""
-    length, _, response_to, op = struct.unpack("<iiii", recv_exact(s, 16))
-    assert op == 2013
-    payload = recv_exact(s, length - 16)
-    assert payload[4] == 0  # one kind-0 section
-    return response_to, bson.decode(payload[5:])
-
-
 def _paused_finds(cluster, coll, ids, then=None):
-    """One raw connection to proxy 0 per id in ids, each greeted (ping); then, while the
-    proxy is stopped (SIGSTOP), each sends `find coll {_id: id}`, so that the proxy's next
-    round of I/O takes them all at once; then (SIGCONT) then() if given, and the answers,
-    in ids' order: [(responseTo, body)]."""
-    socks = []
-    try:
-        for _ in ids:
-            s = socket.create_connection(("127.0.0.1", cluster.proxy_ports[0]), timeout=60)
-            socks.append(s)
-            s.sendall(op_msg(1, {"ping": 1, "$db": "admin"}))
-            assert _recv_msg(s)[1]["ok"] == 1.0
-        proxy = cluster.proxy_procs[0]
-        proxy.pause()
-        try:
-            for i, (s, _id) in enumerate(zip(socks, ids)):
-                s.sendall(op_msg(100 + i, {"find": coll, "filter": {"_id": _id}, "$db": "fwdb"}))
-        finally:
-            proxy.signal(signal.SIGCONT)
-        if then:
-            then()
-        return [_recv_msg(s) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """forwarder_helpers.paused_cmds with `find coll {_id: id}` for each id of ids."""
+    return paused_cmds(cluster, [{"find": coll, "filter": {"_id": i}, "$db": "fwdb"}
+                                 for i in ids], then=then)
 
 
 def test_the_finds_of_one_round_go_to_the_shard_in_one_send(cluster):
