@@ -277,11 +277,12 @@ static void conn_close(wire_conn *conn)
 	wire__hello_cancel_conn(conn->srv, conn);
 }
 
-/* Close a connection that has nothing left to do when the server is draining or the
- * connection was marked to close once its reply is written. */
 static void out_flush(wire_conn *conn);
 static bool conn_next_whole(const wire_conn *conn);
 
+/* Close a connection that has nothing left to do when the server is draining or the
+ * connection was marked to close once its reply is written (its held replies written
+ * first). */
 static void conn_maybe_close_idle(wire_conn *conn)
 {
 	if (conn->state != WIRE_CONN_READING ||
@@ -676,13 +677,7 @@ static void on_finish(uv_idle_t *h)
 	finish_done(srv);
 }
 
-/* Loop thread: send the replies of every request on the done list, in completion order,
- * and go on reading their connections. A connection's next pipelined message runs then,
- * and when it completes on the loop (a shard's point read) its request is finished in the
- * same pass, its reply held with the one before (conn_write_rest), up to
- * FINISH_ROUNDS rounds, so that a proxy's pipelined reads cost the shard one read and
- * one write of the socket, not one each plus a loop iteration (issue #19). */
-#define FINISH_ROUNDS 64
+#define FINISH_ROUNDS 64 /* finish_done's rounds, at most */
 
 /* One round of finish_done: the requests on the done list now. False when it was empty. */
 static bool finish_round(wire_server *srv)
@@ -727,6 +722,12 @@ static bool finish_round(wire_server *srv)
 	return true;
 }
 
+/* Loop thread: send the replies of every request on the done list, in completion order,
+ * and go on reading their connections. A connection's next pipelined message runs then,
+ * and when it completes on the loop (a shard's point read) its request is finished in the
+ * same pass, its reply held with the one before (conn_write_rest), up to
+ * FINISH_ROUNDS rounds, so that a proxy's pipelined reads cost the shard one read and
+ * one write of the socket, not one each plus a loop iteration (issue #19). */
 static void finish_done(wire_server *srv)
 {
 	bool outer = srv->batching;
