@@ -153,3 +153,21 @@ def paused_cmds(cluster, cmds, then=None, proxy=0, answers=True):
     finally:
         for s in socks:
             s.close()
+
+
+def socket_timeout_cluster(start_role, tmp_path, ms):
+    """One metadata member, one shard (shard-a) registered with socketTimeoutMS=ms in its
+    URI, one proxy: (the ProxyCluster, the shard's process). The caller closes it."""
+    from conftest import free_port
+    cl = ProxyCluster(start_role, tmp_path, shards=0, proxies=0)
+    port = free_port()
+    d = tmp_path / "shard-a"
+    d.mkdir()
+    proc = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+    cl.shard_ids.append("shard-a")
+    cl.shard_ports["shard-a"] = port
+    cl.shard_procs["shard-a"] = proc
+    cl.meta_cmd({"addShard": "shard-a",
+                 "uri": f"mongodb://127.0.0.1:{port}/?socketTimeoutMS={ms}"})
+    cl.add_proxy()
+    return cl, proc

@@ -12,11 +12,10 @@ import bson
 import pymongo
 import pytest
 
-from conftest import free_port, wait_until
+from conftest import wait_until
 from forwarder_helpers import cluster  # noqa: F401 - the fixture
 from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, one_doc,
-                               paused_cmds, strip, warm)
-from proxy_helpers import ProxyCluster
+                               paused_cmds, socket_timeout_cluster, strip, warm)
 
 SENDS = "stripedb_proxy_loop_find_sends_total"
 
@@ -169,18 +168,8 @@ def test_a_stopped_shard_then_the_socket_timeout(start_role, tmp_path):
     """The shard URI's socketTimeoutMS bounds a loop read as it bounds a request thread's
     command: past it the read goes to a request thread, which answers once the shard
     runs again."""
-    cl = ProxyCluster(start_role, tmp_path, shards=0, proxies=0)
+    cl, proc = socket_timeout_cluster(start_role, tmp_path, 1500)
     try:
-        port = free_port()
-        d = tmp_path / "shard-a"
-        d.mkdir()
-        proc = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
-        cl.shard_ids.append("shard-a")
-        cl.shard_ports["shard-a"] = port
-        cl.shard_procs["shard-a"] = proc
-        cl.meta_cmd({"addShard": "shard-a",
-                     "uri": f"mongodb://127.0.0.1:{port}/?socketTimeoutMS=1500"})
-        cl.add_proxy()
         c = cl.proxy_client(0, socketTimeoutMS=60000)
         coll = c.fwdb.t
         coll.insert_one({"_id": 1, "v": 1})
@@ -283,32 +272,6 @@ def test_the_finds_of_one_round_go_to_the_shard_in_one_send(cluster):
         assert cluster.metric(0, FALLBACK) == fallbacks
         assert cluster.metric(0, SENDS) == sent + (on_loop + 7) // 8
         assert cluster.metric(0, IN_FLIGHT) == 0
-
-
-def test_finds_sent_together_and_lost_with_their_connection_go_to_request_threads(cluster):
-    """Eight finds sent together to a shard that is stopped, then killed and restarted:
-    the connection fails with all of them on it; each goes to a request thread (a find
-    has no side effect), which answers it once the shard is back."""
-    coll = cluster.proxy_client(0).fwdb.t
-    coll.insert_many([{"_id": i, "v": i} for i in range(8)])
-    warm(coll)
-    sid = cluster.shard_ids[0]
-    shard = cluster.shard_procs[sid]
-    fallbacks, sent = cluster.metric(0, FALLBACK), cluster.metric(0, SENDS)
-    shard.pause()
-
-    def kill_and_restart():
-        wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 8, 20, what="8 finds in flight")
-        assert cluster.metric(0, SENDS) == sent + 1
-        shard.kill()
-        shard.restart()
-
-    answers = _paused_finds(cluster, "t", list(range(8)), then=kill_and_restart)
-    for i, (rto, body) in enumerate(answers):
-        assert (rto, body["ok"]) == (100 + i, 1.0), body
-        assert body["cursor"]["firstBatch"] == [{"_id": i, "v": i}], body
-    assert cluster.metric(0, FALLBACK) == fallbacks + 8
-    assert cluster.metric(0, IN_FLIGHT) == 0
 
 
 def _update_cmd(coll, q, u, txn, **kw):

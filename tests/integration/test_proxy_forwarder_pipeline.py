@@ -10,13 +10,12 @@ import signal
 import socket
 import threading
 
-import pymongo
 import pytest
 
 from conftest import assert_clean_exit, op_msg, wait_until
 from forwarder_helpers import cluster  # noqa: F401 - the fixture
 from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, listener_closed, paused_cmds,
-                               recv_msg, sharded_cluster, warm)
+                               recv_msg, sharded_cluster, socket_timeout_cluster, warm)
 
 SENDS = "stripedb_proxy_loop_find_sends_total"
 MB = 1 << 20
@@ -124,6 +123,9 @@ def test_eight_finds_in_flight_to_a_stopped_shard_are_answered_when_it_runs_agai
 
 
 def test_eight_finds_in_flight_to_a_killed_shard(cluster):
+    """Eight finds sent together to a shard that is stopped, then killed and restarted:
+    the connection fails with all of them on it; each goes to a request thread (a find
+    has no side effect), which answers it once the shard is back."""
     cmds, exp = _small(cluster)
     sid = cluster.shard_ids[0]
     shard = cluster.shard_procs[sid]
@@ -341,20 +343,8 @@ def test_answers_that_wait_while_the_proxy_is_stopped(cluster, size):
 def test_the_socket_timeout_of_eight_finds_sent_together(start_role, tmp_path):
     """The shard URI's socketTimeoutMS bounds a connection's 8 finds together: past it
     all 8 go to request threads, which answer them once the shard runs again."""
-    from proxy_helpers import ProxyCluster
-    from conftest import free_port
-    cl = ProxyCluster(start_role, tmp_path, shards=0, proxies=0)
+    cl, proc = socket_timeout_cluster(start_role, tmp_path, 1500)
     try:
-        port = free_port()
-        d = tmp_path / "shard-a"
-        d.mkdir()
-        proc = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
-        cl.shard_ids.append("shard-a")
-        cl.shard_ports["shard-a"] = port
-        cl.shard_procs["shard-a"] = proc
-        cl.meta_cmd({"addShard": "shard-a",
-                     "uri": f"mongodb://127.0.0.1:{port}/?socketTimeoutMS=1500"})
-        cl.add_proxy()
         cmds, exp = _small(cl)
         fb = cl.metric(0, FALLBACK)
         proc.pause()
