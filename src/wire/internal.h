@@ -258,6 +258,31 @@ int32_t wire__next_opid(void);
 void wire__req_complete(wire_req *req, bson_t *reply);
 /* server.c: free a request (its command, reply, names, unsent reply bytes). */
 void wire__req_free(wire_req *req);
+
+/* server.c: a connection's life and output, shared with tls_io.c. Loop thread only. */
+/* Close conn: its handle closes, held replies are written as far as the socket takes
+ * them, no reply is sent from another thread after it. A no-op when closing already. */
+void wire__conn_close(wire_conn *conn);
+/* The client of conn closed it: tell the handler of a watched request in flight. */
+void wire__conn_gone(wire_conn *conn);
+/* Consume whole messages from conn's read buffer while the connection may run one. */
+void wire__conn_process(wire_conn *conn);
+/* Close conn if it has nothing left to do and the server drains or it was marked to
+ * close once its reply is written (its held replies written first). */
+void wire__conn_maybe_close_idle(wire_conn *conn);
+/* Queue buf (len bytes, heap, taken over) on conn as is (no TLS). */
+void wire__conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len);
+
+/* tls_io.c (issue #10): TLS through memory BIOs. */
+/* nread bytes just arrived at conn->rbuf + conn->rlen: the first decides plaintext or TLS
+ * (a plaintext one refused and conn closed under --tls-mode=required); TLS records are
+ * decrypted into the read buffer and run, a close_notify marks conn to close once its
+ * replies are written. Returns true when they are plaintext for the normal path, false
+ * when TLS consumed them (or the connection was closed). */
+bool wire__tls_on_read(wire_conn *conn, size_t nread);
+/* Queue buf (len bytes, heap, taken over) on conn, encrypted when the connection is TLS;
+ * a failed encryption closes conn. */
+void wire__conn_write(wire_conn *conn, uint8_t *buf, size_t len);
 /* request.c: whether reply's `ok` field is true (absent: false). */
 bool wire__reply_is_ok(const bson_t *reply);
 /* commands.c: the registered command named name (isMaster/ismaster: hello), or NULL. */

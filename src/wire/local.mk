@@ -6,7 +6,8 @@ libstripedb_a_SOURCES += \
 	src/wire/failpoint.c \
 	src/wire/msg.c \
 	src/wire/request.c \
-	src/wire/server.c
+	src/wire/server.c \
+	src/wire/tls_io.c
 noinst_HEADERS += \
 	src/wire/internal.h \
 	src/wire/msg.h \

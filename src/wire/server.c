@@ -32,9 +32,6 @@ typedef struct wire_write {
 	uint8_t *buf;
 } wire_write;
 
-static void conn_close(wire_conn *conn);
-static void conn_gone(wire_conn *conn);
-static void conn_process(wire_conn *conn);
 static void srv_maybe_finish(wire_server *srv);
 static void conn_start_reading(wire_conn *conn);
 
@@ -259,7 +256,7 @@ static void on_conn_closed(uv_handle_t *h)
 	srv_maybe_finish(srv);
 }
 
-static void conn_close(wire_conn *conn)
+void wire__conn_close(wire_conn *conn)
 {
 	if (conn->state == WIRE_CONN_CLOSING)
 		return;
@@ -283,7 +280,7 @@ static bool conn_next_whole(const wire_conn *conn);
 /* Close a connection that has nothing left to do when the server is draining or the
  * connection was marked to close once its reply is written (its held replies written
  * first). */
-static void conn_maybe_close_idle(wire_conn *conn)
+void wire__conn_maybe_close_idle(wire_conn *conn)
 {
 	if (conn->state != WIRE_CONN_READING ||
 	    !(conn->close_when_idle || !srv_reading(conn->srv)))
@@ -293,7 +290,7 @@ static void conn_maybe_close_idle(wire_conn *conn)
 		return;
 	out_flush(conn); /* held replies are written first */
 	if (conn->state == WIRE_CONN_READING && conn->writes_pending == 0)
-		conn_close(conn);
+		wire__conn_close(conn);
 }
 
 static void on_write(uv_write_t *wr, int status)
@@ -308,146 +305,20 @@ static void on_write(uv_write_t *wr, int status)
 	if (status < 0 && status != UV_ECANCELED) {
 		sdb_debug("wire: write failed, closing connection", "conn=%lld peer=%s error=%s",
 			  (long long)conn->id, conn->peer, uv_strerror(status));
-		conn_close(conn);
+		wire__conn_close(conn);
 	} else {
-		conn_maybe_close_idle(conn);
+		wire__conn_maybe_close_idle(conn);
 		if (conn->exhaust && conn->writes_pending == 0 && conn->state == WIRE_CONN_READING)
-			conn_process(conn); /* the exhaust stream waited for this write */
+			wire__conn_process(conn); /* the exhaust stream waited for this write */
 	}
 	(void)srv;
 	conn_unref(conn);
 }
 
-static void conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len);
 static void conn_write_rest(wire_conn *conn, uint8_t *buf, size_t len, size_t off);
 
-/* ---- issue #10: TLS through memory BIOs (src/tls/tls.h) ---- */
-typedef struct tls_out {
-	uint8_t *buf;
-	size_t len, cap;
-} tls_out;
-
-static void tls_collect(void *arg, const uint8_t *data, size_t len)
-{
-	tls_out *o = arg;
-	if (o->cap - o->len < len) {
-		o->cap = (o->len + len) * 2;
-		o->buf = sdb_realloc(o->buf, o->cap);
-	}
-	memcpy(o->buf + o->len, data, len);
-	o->len += len;
-}
-
-typedef struct tls_rx {
-	wire_conn *conn;
-	tls_out out; /* handshake bytes to send */
-} tls_rx;
-
-static void tls_rx_send(void *arg, const uint8_t *data, size_t len)
-{
-	tls_collect(&((tls_rx *)arg)->out, data, len);
-}
-
-/* Append decrypted bytes to the read buffer. */
-static void tls_plain(void *arg, const uint8_t *data, size_t len)
-{
-	wire_conn *conn = ((tls_rx *)arg)->conn;
-	if (conn->rcap - conn->rlen < len) {
-		conn->rcap = conn->rlen + len;
-		conn->rbuf = sdb_realloc(conn->rbuf, conn->rcap);
-	}
-	memcpy(conn->rbuf + conn->rlen, data, len);
-	conn->rlen += len;
-}
-
-/* nread bytes just arrived at rbuf + rlen. Returns true when they are plaintext for the
- * normal path; false when TLS consumed them (or the connection was closed). */
-static bool tls_on_read(wire_conn *conn, size_t nread)
-{
-	uint8_t *cipher;
-	tls_rx rx = {conn, {0}};
-	int rc;
-
-	if (conn->tls_state == 0) {
-		if (conn->rbuf[conn->rlen] == 0x16) { /* TLS handshake record */
-			conn->tls = tls_conn_new(conn->srv->tls);
-			conn->tls_state = conn->tls ? 2 : 1;
-		} else {
-			conn->tls_state = 1;
-		}
-		if (conn->tls_state == 1 && conn->srv->tls_mode == TLS_MODE_REQUIRED) {
-			sdb_warn("wire: plaintext connection refused (--tls-mode=required)",
-				 "conn=%lld peer=%s", (long long)conn->id, conn->peer);
-			conn_close(conn);
-			return false;
-		}
-	}
-	if (conn->tls_state == 1)
-		return true;
-	cipher = sdb_malloc(nread);
-	memcpy(cipher, conn->rbuf + conn->rlen, nread);
-	sdb_counter_add(conn->srv->m_bytes_in, (uint64_t)nread);
-	rc = tls_conn_feed(conn->tls, cipher, nread, tls_plain, tls_rx_send, &rx);
-	free(cipher);
-	if (rx.out.len)
-		conn_write_raw(conn, rx.out.buf, rx.out.len);
-	else
-		free(rx.out.buf);
-	if (rc < 0) {
-		sdb_debug("wire: TLS session failed, closing connection", "conn=%lld peer=%s",
-			  (long long)conn->id, conn->peer);
-		conn_close(conn);
-		conn_gone(conn);
-		return false;
-	}
-	conn_process(conn); /* what came before a close_notify runs */
-	if (rc == 1 && conn->state != WIRE_CONN_CLOSING) {
-		/* close_notify: the client sends nothing more, as at a plaintext EOF. It still
-		 * gets the replies of what it sent, queued or to come: the connection closes
-		 * once they are written (a reply larger than the socket buffers was cut). A
-		 * watched request (awaitable hello) is told at once. */
-		sdb_debug("wire: TLS close_notify", "conn=%lld peer=%s", (long long)conn->id,
-			  conn->peer);
-		if (conn->reading) {
-			uv_read_stop((uv_stream_t *)&conn->tcp);
-			conn->reading = false;
-		}
-		conn->close_when_idle = true;
-		conn->peer_done = true; /* what it sent before still runs (finish_round) */
-		if (conn->state == WIRE_CONN_BUSY && conn->watch_eof) {
-			conn_close(conn);
-			conn_gone(conn);
-			return false;
-		}
-		conn_maybe_close_idle(conn);
-	}
-	return false;
-}
-
-/* Queue buf (len bytes, heap, taken over) on conn, encrypted when the connection is TLS. */
-static void conn_write(wire_conn *conn, uint8_t *buf, size_t len)
-{
-	tls_out out = {0};
-
-	if (conn->tls_state != 2) {
-		conn_write_raw(conn, buf, len);
-		return;
-	}
-	if (conn->state == WIRE_CONN_CLOSING ||
-	    tls_conn_write(conn->tls, buf, len, tls_collect, &out) != 0) {
-		free(buf);
-		free(out.buf);
-		if (conn->state != WIRE_CONN_CLOSING)
-			conn_close(conn);
-		return;
-	}
-	free(buf);
-	conn_write_raw(conn, out.buf, out.len);
-}
-/* ---- end of issue #10 TLS ---- */
-
 /* Queue buf (len bytes, heap, taken over) on conn as is. */
-static void conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len)
+void wire__conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len)
 {
 	conn_write_rest(conn, buf, len, 0);
 }
@@ -559,7 +430,7 @@ static void conn_send(wire_conn *conn, uint8_t *buf, size_t len, size_t off)
 		sdb_debug("wire: write failed, closing connection", "conn=%lld peer=%s error=%s",
 			  (long long)conn->id, conn->peer, uv_strerror(rc));
 		free(buf);
-		conn_close(conn);
+		wire__conn_close(conn);
 		return;
 	}
 	size_t done = off + (rc > 0 ? (size_t)rc : 0);
@@ -573,7 +444,7 @@ static void conn_send(wire_conn *conn, uint8_t *buf, size_t len, size_t off)
 			  (long long)conn->id, conn->peer, uv_strerror(rc));
 		free(buf);
 		free(w);
-		conn_close(conn);
+		wire__conn_close(conn);
 		return;
 	}
 	conn->refs++;
@@ -656,7 +527,7 @@ static void send_reply(wire_req *req)
 		return;
 	}
 	buf = reply_encode(req, &len);
-	conn_write(req->conn, buf, len);
+	wire__conn_write(req->conn, buf, len);
 }
 
 static void finish_done(wire_server *srv);
@@ -710,10 +581,10 @@ static bool finish_round(wire_server *srv)
 			}
 			if (conn->state == WIRE_CONN_BUSY) {
 				conn_set_state(conn, WIRE_CONN_READING);
-				conn_maybe_close_idle(conn);
+				wire__conn_maybe_close_idle(conn);
 				if (conn->state == WIRE_CONN_READING &&
 				    (!conn->close_when_idle || conn->peer_done) && srv_reading(srv))
-					conn_process(conn);
+					wire__conn_process(conn);
 			}
 		}
 		wire__req_free(req);
@@ -894,7 +765,7 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 					legacy ? WIRE_REPLY_FLAG_QUERY_FAILURE : 0, false, code,
 					err);
 		else
-			conn_close(conn);
+			wire__conn_close(conn);
 		return;
 	}
 	if (msg.hdr.op_code == WIRE_OP_COMPRESSED) {
@@ -1015,7 +886,7 @@ static void req_dispatch(wire_req *req)
 }
 
 /* Consume complete messages from the read buffer while the connection may run one. */
-static void conn_process(wire_conn *conn)
+void wire__conn_process(wire_conn *conn)
 {
 	size_t off = 0;
 
@@ -1033,7 +904,7 @@ static void conn_process(wire_conn *conn)
 				 "conn=%lld peer=%s messageLength=%d min=%d max=%d",
 				 (long long)conn->id, conn->peer, (int)mlen, WIRE_MSG_HEADER_LEN,
 				 WIRE_MAX_MESSAGE_SIZE);
-			conn_close(conn);
+			wire__conn_close(conn);
 			return;
 		}
 		if (conn->rlen - off < (size_t)mlen)
@@ -1142,13 +1013,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		sdb_debug("wire: peer closed the connection", "conn=%lld peer=%s reason=%s",
 			  (long long)conn->id, conn->peer,
 			  nread == UV_EOF ? "eof" : uv_strerror((int)nread));
-		conn_close(conn);
-		conn_gone(conn);
+		wire__conn_close(conn);
+		wire__conn_gone(conn);
 		return;
 	}
 	if (nread == 0)
 		return;
-	if (conn->srv->tls_mode != TLS_MODE_DISABLED && !tls_on_read(conn, (size_t)nread))
+	if (conn->srv->tls_mode != TLS_MODE_DISABLED && !wire__tls_on_read(conn, (size_t)nread))
 		return; /* issue #10: TLS consumed the bytes */
 	conn->rlen += (size_t)nread;
 	sdb_counter_add(conn->srv->m_bytes_in, (uint64_t)nread);
@@ -1161,7 +1032,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	}
 	/* A message whose length is already known to be invalid is refused before more
 	 * bytes are buffered. */
-	conn_process(conn);
+	wire__conn_process(conn);
 }
 
 static void conn_start_reading(wire_conn *conn)
@@ -1170,14 +1041,14 @@ static void conn_start_reading(wire_conn *conn)
 	if (rc != 0) {
 		sdb_debug("wire: read start failed", "conn=%lld error=%s", (long long)conn->id,
 			  uv_strerror(rc));
-		conn_close(conn);
+		wire__conn_close(conn);
 		return;
 	}
 	conn->reading = true;
 }
 
 /* The client of conn closed it: tell the handler of a watched request in flight. */
-static void conn_gone(wire_conn *conn)
+void wire__conn_gone(wire_conn *conn)
 {
 	wire_req *req = conn->inflight;
 
@@ -1292,7 +1163,7 @@ static void on_connection(uv_stream_t *listener, int status)
 	srv->n_conns++;
 	sdb_gauge_add(srv->m_conns, 1);
 	if (uv_accept(listener, (uv_stream_t *)&conn->tcp) != 0) {
-		conn_close(conn);
+		wire__conn_close(conn);
 		return;
 	}
 	uv_tcp_nodelay(&conn->tcp, 1);
@@ -1375,7 +1246,7 @@ static void srv_drain(wire_server *srv)
 			conn->reading = false;
 		}
 		if (conn->state == WIRE_CONN_READING && conn->writes_pending == 0)
-			conn_close(conn);
+			wire__conn_close(conn);
 	}
 	uv_timer_start(&srv->close_timer, on_close_timeout,
 		       srv->close_deadline > now ? srv->close_deadline - now : 0, 0);
@@ -1426,7 +1297,7 @@ static void on_close_timeout(uv_timer_t *t)
 					 srv->port, (long long)conn->id, name, r->db ? r->db : "",
 					 ms);
 		}
-		conn_close(conn);
+		wire__conn_close(conn);
 	}
 }
 
