@@ -118,6 +118,25 @@ def recv_msg(s):
     return response_to, bson.decode(payload[5:])
 
 
+def greeted_sockets(cluster, n, proxy=0):
+    """n raw connections to the proxy, each greeted (a ping answered): [socket]."""
+    from conftest import op_msg
+
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", cluster.proxy_ports[proxy]),
+                                         timeout=90)
+            socks.append(s)
+            s.sendall(op_msg(1, {"ping": 1, "$db": "admin"}))
+            assert recv_msg(s)[1]["ok"] == 1.0
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+    return socks
+
+
 def paused_cmds(cluster, cmds, then=None, proxy=0, answers=True):
     """One raw connection to the proxy per command of cmds (each a dict with its $db),
     each greeted (ping); then, while the proxy is stopped (SIGSTOP), each sends its
@@ -131,12 +150,7 @@ def paused_cmds(cluster, cmds, then=None, proxy=0, answers=True):
 
     socks = []
     try:
-        for _ in cmds:
-            s = socket.create_connection(("127.0.0.1", cluster.proxy_ports[proxy]),
-                                         timeout=90)
-            socks.append(s)
-            s.sendall(op_msg(1, {"ping": 1, "$db": "admin"}))
-            assert recv_msg(s)[1]["ok"] == 1.0
+        socks = greeted_sockets(cluster, len(cmds), proxy)
         p = cluster.proxy_procs[proxy]
         p.pause()
         try:

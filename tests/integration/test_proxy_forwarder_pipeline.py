@@ -14,8 +14,9 @@ import pytest
 
 from conftest import assert_clean_exit, op_msg, wait_until
 from forwarder_helpers import cluster  # noqa: F401 - the fixture
-from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, listener_closed, paused_cmds,
-                               recv_msg, sharded_cluster, socket_timeout_cluster, warm)
+from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, greeted_sockets, listener_closed,
+                               paused_cmds, recv_msg, sharded_cluster, socket_timeout_cluster,
+                               warm)
 
 SENDS = "stripedb_proxy_loop_find_sends_total"
 MB = 1 << 20
@@ -169,11 +170,7 @@ def test_the_proxy_stop_while_finds_arrive_together(cluster):
     proxy = cluster.proxy_procs[0]
     socks = []
     try:
-        for _ in cmds:
-            s = socket.create_connection(("127.0.0.1", cluster.proxy_ports[0]), timeout=60)
-            socks.append(s)
-            s.sendall(op_msg(1, {"ping": 1, "$db": "admin"}))
-            assert recv_msg(s)[1]["ok"] == 1.0
+        socks = greeted_sockets(cluster, len(cmds))
         proxy.pause()
         for i, (s, cmd) in enumerate(zip(socks, cmds)):
             s.sendall(op_msg(100 + i, cmd))
@@ -398,12 +395,7 @@ def test_clients_that_reset_while_their_finds_are_together(cluster, when):
             shard.signal(signal.SIGCONT)
         paused_cmds(cluster, cmds, answers=False, then=then)
     else:
-        socks = []
-        for _ in cmds:
-            s = socket.create_connection(("127.0.0.1", cluster.proxy_ports[0]), timeout=60)
-            socks.append(s)
-            s.sendall(op_msg(1, {"ping": 1, "$db": "admin"}))
-            assert recv_msg(s)[1]["ok"] == 1.0
+        socks = greeted_sockets(cluster, len(cmds))
         proxy.pause()
         for i, (s, cmd) in enumerate(zip(socks, cmds)):
             s.sendall(op_msg(100 + i, cmd))
