@@ -524,17 +524,21 @@ static int find_stages(ctx *c, bson_t *stages, int64_t *batch, bool *single)
 static int answer_docs(ctx *c, doclist *out, int64_t batch, bool single)
 {
 	pstream *s = sdb_calloc_bson(1, sizeof *s);
+	bson_t arr = BSON_INITIALIZER;
 	size_t i;
 
 	memset(s, 0, sizeof *s);
 	s->chunk = -1;
 	bson_init(&s->err_reply);
-	s->docs = sdb_calloc(out->n ? out->n : 1, sizeof *s->docs);
 	for (i = 0; i < out->n; i++) {
-		s->docs[i] = proxy_doc_copy(out->v[i]);
+		const char *key;
+		char kb[16];
+		bson_uint32_to_string((uint32_t)i, &key, kb, sizeof kb);
+		bson_append_document(&arr, key, -1, out->v[i]);
 		bson_destroy(out->v[i]);
 	}
-	s->n = out->n;
+	pstream_take_docs(s, &arr);
+	bson_destroy(&arr);
 	free(out->v);
 	memset(out, 0, sizeof *out);
 	return px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, s, 1, NULL, NULL, 0, 0), batch,

@@ -465,7 +465,7 @@ int px_reply_copy(ctx *c, const bson_t *reply)
 static int answer_cursor_wce(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
 			     const char *batch_field, const char *ns, const bson_t *wce)
 {
-	bson_t *out = bson_new();
+	bson_t *out = proxy_cursor_answer_new(cur, batch);
 	int code = 0;
 	char err[512];
 	int r;

@@ -162,14 +162,26 @@ void proxy_catalog_refresher(void *arg);
 void proxy_exec_register(proxy *p);
 
 /* cursor.c */
+/* One buffered document of a stream: its bytes inside the stream's batch. */
+typedef struct pstream_doc {
+	const uint8_t *data;
+	uint32_t len;
+} pstream_doc;
+
+/* One shard's part of a proxy cursor: the shard cursor and the documents of its last batch.
+ * A batch is held as the shard's reply itself (issue #19: a copy and two allocations per
+ * document were ~10% of the proxy's CPU under YCSB E), its documents as views into it.
+ * Allocate with sdb_calloc_bson (head and err_reply are bson_t). */
 typedef struct pstream {
 	char *shard;          /* shard id */
 	uint32_t server_id;
 	int64_t cursor_id;    /* shard cursor, 0 when exhausted */
 	char *db;
 	char *coll;           /* collection name for getMore */
-	bson_t **docs;        /* buffered documents (owned) */
+	bson_t *batch;        /* the batch the documents are in (owned; NULL = none) */
+	pstream_doc *docs;    /* its buffered documents, views into batch (owned array) */
 	size_t n, pos;
+	bson_t head;          /* docs[pos] as a document (static), set by proxy_cursor_next */
 	route_coll *rcoll;    /* ownership filter: routing snapshot (NULL = none) */
 	ssize_t chunk;        /* keep only documents of this chunk */
 	int status;           /* SHARDCONN_* of the first request */
@@ -177,9 +189,17 @@ typedef struct pstream {
 	char neterr[256];
 } pstream;
 
-/* Fill a stream from a cursor reply ({cursor: {id, ns, firstBatch|nextBatch}}).
- * Errors: SDB_EPROTO (no cursor document in reply; no message). */
-int pstream_take_batch(pstream *s, const bson_t *reply, const char *field);
+/* Fill a stream from a cursor reply ({cursor: {id, ns, firstBatch|nextBatch}}), replacing
+ * its buffered documents; documents of another chunk than s->chunk are dropped (s->rcoll).
+ * On success the stream takes reply's contents over (no copy): reply is left an empty,
+ * initialised document, so the caller's bson_destroy stays right. Errors: SDB_EPROTO (no
+ * cursor document in reply; no message), reply then untouched. */
+int pstream_take_batch(pstream *s, bson_t *reply, const char *field);
+/* Fill a stream with the documents of arr (an array of documents built by the caller, e.g.
+ * a pipeline's output; taken over as pstream_take_batch takes a reply: left empty).
+ * Elements that are not documents are skipped. */
+void pstream_take_docs(pstream *s, bson_t *arr);
+/* Free a stream's documents and names (not err_reply's storage: bson_destroy that). */
 void pstream_clear(pstream *s);
 
 /* A merged cursor over streams. Takes ownership of streams (array of n), sort, proj. */
@@ -197,6 +217,10 @@ void px_cs_free(proxy *p, px_cs *cs);
  * (still alive), 1 when exhausted. Errors: as proxy_cursor_next. */
 int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size, int *code,
 		      char *err, size_t errlen);
+/* A new empty document (bson_destroy it) for proxy_cursor_answer's answer, its buffer
+ * sized for the next batch of c of at most batch_size documents (< 0 = no count limit)
+ * from the documents c holds, up to ~8 MiB. */
+bson_t *proxy_cursor_answer_new(const proxy_cursor *c, int64_t batch_size);
 /* Append to out (a document being built) the cursor of a find, aggregate or getMore
  * answer: `cursor: {id: 0, ns, <field>: [the next batch of c, proxy_cursor_fill's, built in
  * place], partialResultsReturned: true when allowPartialResults left a shard out}`
@@ -208,11 +232,13 @@ int proxy_cursor_answer(proxy *p, proxy_cursor *c, int64_t batch_size, const cha
 			const char *ns, bson_t *out, int *code, char *err, size_t errlen);
 /* Set the id of the cursor proxy_cursor_answer appended to out (in place: no copy). */
 void proxy_cursor_answer_id(bson_t *out, int64_t id);
-/* Pull one document: returns 1 with *doc (caller bson_destroy's it), 0 at the end.
+/* Pull one document: returns 1 with *doc, 0 at the end. *doc is the cursor's (a view into
+ * a shard's batch, or its projection's output): valid until the next call on c or its
+ * destruction; copy what is kept longer.
  * Errors: with *code the MongoDB code and the message in err, SDB_EUNAVAILABLE (a shard
  * did not answer a getMore: HostUnreachable), SDB_EIO (a shard answered an error: its
  * code, InternalError without one), SDB_EINVAL (the projection failed: BadValue). */
-int proxy_cursor_next(proxy *p, proxy_cursor *c, bson_t **doc, int *code, char *err,
+int proxy_cursor_next(proxy *p, proxy_cursor *c, const bson_t **doc, int *code, char *err,
 		      size_t errlen);
 /* True while some stream has buffered documents or an open shard cursor. */
 bool proxy_cursor_has_more(const proxy_cursor *c);

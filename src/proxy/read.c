@@ -495,10 +495,11 @@ int px_do_get_more(ctx *c)
 		return px_error(c, WIRE_ERR_BAD_VALUE,
 				"cannot set maxTimeMS on getMore command for a non-awaitData cursor");
 	}
-	out = bson_new();
-	r = proxy_cursor_answer(c->p, cur, px_get_int(c->cmd, "batchSize", 0) > 0 ?
-						   px_get_int(c->cmd, "batchSize", 0) : -1,
-				"nextBatch", ns, out, &code, err, sizeof err);
+	int64_t bs = px_get_int(c->cmd, "batchSize", 0);
+	if (bs <= 0)
+		bs = -1; /* getMore: absent or 0 = no count limit */
+	out = proxy_cursor_answer_new(cur, bs);
+	r = proxy_cursor_answer(c->p, cur, bs, "nextBatch", ns, out, &code, err, sizeof err);
 	if (r < 0) {
 		bson_destroy(out);
 		proxy_cursor_destroy(c->p, cur);
@@ -646,7 +647,7 @@ int px_collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, const b
 	bson_destroy(&reply);
 	cur = proxy_cursor_new(c->p, c->ns, s, 1, NULL, NULL, 0, limit);
 	for (;;) {
-		bson_t *d;
+		const bson_t *d;
 		int r = proxy_cursor_next(c->p, cur, &d, &code, err, sizeof err);
 		bson_iter_t it;
 		if (r < 0) {
@@ -666,7 +667,6 @@ int px_collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, const b
 			bson_append_iter(ids, k, -1, &it);
 			(*n)++;
 		}
-		proxy_doc_free(d);
 	}
 	proxy_cursor_destroy(c->p, cur);
 	return cls;
@@ -941,25 +941,15 @@ int px_do_distinct(ctx *c)
 typedef struct agg_in {
 	proxy *p;
 	proxy_cursor *cur;
-	bson_t *last;
 } agg_in;
 
+/* The pipeline's input: the cursor's next document, valid until the next call (the
+ * contract of sdb_pipeline_next_fn and of proxy_cursor_next alike). */
 static int agg_next(void *arg, const bson_t **doc, int *code, char *err, size_t errlen)
 {
 	agg_in *in = arg;
-	bson_t *d;
-	int r;
 
-	if (in->last) {
-		proxy_doc_free(in->last);
-		in->last = NULL;
-	}
-	r = proxy_cursor_next(in->p, in->cur, &d, code, err, errlen);
-	if (r <= 0)
-		return r;
-	in->last = d;
-	*doc = d;
-	return 1;
+	return proxy_cursor_next(in->p, in->cur, doc, code, err, errlen);
 }
 
 int px_agg_args(ctx *c, bson_t *pipeline, int64_t *batch)
@@ -1000,7 +990,8 @@ static pstream *run_to_stream(const sdb_pipeline *pl, sdb_pipeline_next_fn next,
 {
 	sdb_pipeline_cursor *pc = NULL;
 	pstream *out = sdb_calloc_bson(1, sizeof *out);
-	size_t cap = 0;
+	bson_t arr = BSON_INITIALIZER;
+	uint32_t k = 0;
 	int r;
 
 	out->chunk = -1;
@@ -1008,22 +999,30 @@ static pstream *run_to_stream(const sdb_pipeline *pl, sdb_pipeline_next_fn next,
 	sdb_pipeline_open(pl, next, arg, &pc);
 	for (;;) {
 		const bson_t *d;
+		const char *key;
+		char kb[16];
 		r = sdb_pipeline_cursor_next(pc, &d, code, err, errlen);
 		if (r <= 0)
 			break;
-		if (out->n == cap) {
-			cap = cap ? cap * 2 : 64;
-			out->docs = sdb_realloc(out->docs, cap * sizeof *out->docs);
+		bson_uint32_to_string(k++, &key, kb, sizeof kb);
+		if (!bson_append_document(&arr, key, -1, d)) {
+			*code = WIRE_ERR_BSON_TOO_LARGE;
+			snprintf(err, errlen, "aggregate result over %u bytes held by the proxy",
+				 (unsigned)INT32_MAX);
+			r = -1;
+			break;
 		}
-		out->docs[out->n++] = proxy_doc_copy(d);
 	}
 	sdb_pipeline_cursor_free(pc);
 	if (r < 0) {
+		bson_destroy(&arr);
 		pstream_clear(out);
 		bson_destroy(&out->err_reply);
 		free(out);
 		return NULL;
 	}
+	pstream_take_docs(out, &arr);
+	bson_destroy(&arr);
 	return out;
 }
 
@@ -1303,9 +1302,7 @@ int px_do_aggregate(ctx *c)
 	/* run the rest of the pipeline on the proxy, materialising its output */
 	in.p = c->p;
 	in.cur = in_cur;
-	in.last = NULL;
 	out_s = run_to_stream(pl, agg_next, &in, &code, err, sizeof err);
-	proxy_doc_free(in.last);
 	proxy_cursor_destroy(c->p, in_cur);
 	sdb_pipeline_pushdown_destroy(&pd);
 	sdb_pipeline_free(pl);
