@@ -633,6 +633,12 @@ void wire_msg_encode_msg_prefix(uint8_t out[WIRE_MSG_PREFIX_LEN], int32_t reques
 	out[20] = 0;
 }
 
+bool wire_msg_prefix_is_plain(const uint8_t *prefix, int32_t response_to)
+{
+	return rd_i32(prefix + 8) == response_to && rd_i32(prefix + 12) == WIRE_OP_MSG &&
+	       rd_u32(prefix + 16) == 0 && prefix[20] == 0;
+}
+
 uint8_t *wire_msg_encode_msg(int32_t request_id, int32_t response_to, uint32_t flags,
 			     const bson_t *body, size_t *len)
 {

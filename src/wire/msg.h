@@ -239,6 +239,13 @@ uint8_t *wire_msg_encode_msg(int32_t request_id, int32_t response_to, uint32_t f
 #define WIRE_MSG_PREFIX_LEN (WIRE_MSG_HEADER_LEN + 5)
 void wire_msg_encode_msg_prefix(uint8_t out[WIRE_MSG_PREFIX_LEN], int32_t request_id,
 				int32_t response_to, uint32_t flags, uint32_t body_len);
+/* Whether prefix, the first WIRE_MSG_PREFIX_LEN bytes of a message, is what
+ * wire_msg_encode_msg_prefix writes for an answer to response_to: opCode OP_MSG, no flag
+ * bits, a kind 0 section first. The message is then that prefix and one document when its
+ * messageLength is the document's length + WIRE_MSG_PREFIX_LEN. For a reader that reads
+ * the document's bytes into a buffer of their own (the proxy's shard connections: no copy);
+ * anything else goes through wire_msg_parse. */
+bool wire_msg_prefix_is_plain(const uint8_t *prefix, int32_t response_to);
 
 /* Encode an OP_REPLY with one document (the reply to a legacy OP_QUERY command).
  * response_flags: WIRE_REPLY_FLAG_*. A failure (doc's `ok` false, or QueryFailure in

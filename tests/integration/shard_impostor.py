@@ -9,7 +9,11 @@ real shard byte for byte. The impostor plays one of two parts:
   "other": relays them, byte for byte, to another server (other_port), as when another
       process (a member of another shard) took over the member's address;
   "garbage": relays hello and authentication to the real shard, then answers the first
-      other command with bytes that are not an OP_MSG reply and closes.
+      other command with bytes that are not an OP_MSG reply and closes;
+  "big-bad-bson", "big-short-doc": the same, but the answer is a large (over 16 KiB: read
+      straight into the reply's own buffer, shardwire.c recv_into) OP_MSG to that command
+      whose document is invalid BSON, or a valid document followed by bytes that are not a
+      section.
 
 `commands` lists the names of the commands the impostor received beyond hello and
 authentication."""
@@ -153,6 +157,20 @@ class Impostor:
                 _reply(c, req, {"ok": 1, "n": 1})
             msg, req, _ = _read_msg(c)
 
+    def _garbage_bytes(self, msg):
+        _, req, _, _ = struct.unpack("<iiii", msg[:16])
+        if self.mode == "big-bad-bson":
+            # a 20,000-byte document whose one string element claims 2 GiB
+            n = 20000
+            doc = struct.pack("<i", n) + b"\x02a\x00" + struct.pack("<i", 0x7fffffff)
+            doc += b"x" * (n - len(doc) - 1) + b"\x00"
+        elif self.mode == "big-short-doc":
+            doc = bson.encode({"ok": 1, "n": 1}) + b"\x00" * 20000
+        else:
+            return b"\x20\x00\x00\x00" + b"garbage!" * 3 + b"\x00" * 4
+        body = struct.pack("<I", 0) + b"\x00" + doc
+        return struct.pack("<iiii", 16 + len(body), 1, req, OP_MSG) + body
+
     def _garbage(self, c, first):
         u = socket.create_connection(self.target)
         try:
@@ -163,7 +181,7 @@ class Impostor:
                 if name not in AUTH:
                     with self.lock:
                         self.commands.append(name)
-                    c.sendall(b"\x20\x00\x00\x00" + b"garbage!" * 3 + b"\x00" * 4)
+                    c.sendall(self._garbage_bytes(msg))
                     return
                 u.sendall(msg)
                 answer, _, _ = _read_msg(u)

@@ -261,12 +261,14 @@ def test_a_member_that_does_not_know_the_cluster_key_gets_no_command(start_role,
         shard.close()
 
 
-def test_a_garbage_answer_is_an_unknown_outcome(start_role, tmp_path):
+@pytest.mark.parametrize("mode", ["garbage", "big-bad-bson", "big-short-doc"])
+def test_a_garbage_answer_is_an_unknown_outcome(start_role, tmp_path, mode):
     """The member answers a command on an own connection with bytes that are not an OP_MSG
-    reply to it: the outcome is unknown, so a non-retryable insert is reported as an error
-    (never as acknowledged, never sent again), and an idempotent read is resent (retry.c)
-    and answered; the proxy goes on serving."""
-    proxy, c, imp, shard = _keyed_behind_impostor(start_role, tmp_path, "garbage")
+    reply to it (or, over 16 KiB, an OP_MSG to it whose document is not valid BSON, or is
+    followed by bytes that are no section): the outcome is unknown, so a non-retryable
+    insert is reported as an error (never as acknowledged, never sent again), and an
+    idempotent read is resent (retry.c) and answered; the proxy goes on serving."""
+    proxy, c, imp, shard = _keyed_behind_impostor(start_role, tmp_path, mode)
     try:
         c.kdb.t.insert_one({"_id": 0})  # through libmongoc: the proxy learns the primary
         n_err = 0
