@@ -273,6 +273,21 @@ void wire__conn_maybe_close_idle(wire_conn *conn);
 /* Queue buf (len bytes, heap, taken over) on conn as is (no TLS). */
 void wire__conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len);
 
+/* reply.c: a request's reply as bytes. */
+/* Largest reply body a handler may produce: maxBsonObjectSize plus mongod's 16 KiB of
+ * command-reply headroom. */
+#define WIRE_MAX_REPLY_BSON (WIRE_MAX_BSON_SIZE + 16 * 1024)
+/* req's reply as a message (heap, *len bytes): OP_REPLY to an OP_QUERY, else OP_MSG; one
+ * over WIRE_MAX_REPLY_BSON becomes a BSONObjectTooLarge error. Any thread, but a legacy
+ * cursor's reply (it arms the connection's exhaust stream) on the loop's only. */
+uint8_t *wire__reply_encode(wire_req *req, size_t *len);
+/* The handler's thread, conn->wmu held, req an OP_MSG whose reply is within
+ * WIRE_MAX_REPLY_BSON: send it now as the message's prefix and the reply's own bytes (one
+ * sendmsg, no copy). Sets req->sent, or leaves in req->out what the loop must write. */
+void wire__reply_send_direct(wire_req *req);
+/* Free an exhaust stream's state (NULL: nothing). */
+void wire__exhaust_free(wire_exhaust *x);
+
 /* tls_io.c (issue #10): TLS through memory BIOs. */
 /* nread bytes just arrived at conn->rbuf + conn->rlen: the first decides plaintext or TLS
  * (a plaintext one refused and conn closed under --tls-mode=required); TLS records are

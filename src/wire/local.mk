@@ -5,6 +5,7 @@ libstripedb_a_SOURCES += \
 	src/wire/currentop.c \
 	src/wire/failpoint.c \
 	src/wire/msg.c \
+	src/wire/reply.c \
 	src/wire/request.c \
 	src/wire/server.c \
 	src/wire/tls_io.c
