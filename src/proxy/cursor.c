@@ -124,6 +124,36 @@ static void index_docs(pstream *s, bson_iter_t *arr)
 	}
 }
 
+/* A filtering stream (s->rcoll: a per-chunk request) kept only its chunk's documents of a
+ * reply that holds all the shard's: when those are under half of the reply, hold a copy of
+ * them instead of the reply. A per-chunk request returns every matching document of its
+ * shard, so a shard of K chunks had the proxy hold K copies of its batch (up to 16 MiB
+ * each) for one cursor, where it held the chunk's documents only before the batch became
+ * the reply. */
+static void compact_batch(pstream *s)
+{
+	bson_t arr = BSON_INITIALIZER;
+	route_coll *rc = s->rcoll;
+	size_t kept = 0, i;
+
+	for (i = 0; i < s->n; i++)
+		kept += s->docs[i].len;
+	if (s->batch == NULL || kept >= s->batch->len / 2)
+		return;
+	for (i = 0; i < s->n; i++) {
+		const char *key;
+		char kb[16];
+		bson_t d;
+		bson_uint32_to_string((uint32_t)i, &key, kb, sizeof kb);
+		if (bson_init_static(&d, s->docs[i].data, s->docs[i].len))
+			bson_append_document(&arr, key, -1, &d);
+	}
+	s->rcoll = NULL; /* filtered already */
+	pstream_take_docs(s, &arr);
+	s->rcoll = rc;
+	bson_destroy(&arr);
+}
+
 int pstream_take_batch(pstream *s, bson_t *reply, const char *field)
 {
 	bson_iter_t it, cur, arr;
@@ -146,6 +176,8 @@ int pstream_take_batch(pstream *s, bson_t *reply, const char *field)
 			 bson_iter_recurse(&cur, &arr))
 			index_docs(s, &arr);
 	}
+	if (s->rcoll)
+		compact_batch(s);
 	return 0;
 }
 

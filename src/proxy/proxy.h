@@ -190,17 +190,17 @@ typedef struct pstream {
 } pstream;
 
 /* Fill a stream from a cursor reply ({cursor: {id, ns, firstBatch|nextBatch}}), replacing
- * its buffered documents; documents of another chunk than s->chunk are dropped (s->rcoll).
- * reply: a document whose struct is the caller's (bson_init, BSON_INITIALIZER,
- * bson_copy_to: the proxy's shard replies), never a bson_new one. On success the stream
- * takes reply's contents over (bson_steal, no copy): reply is left an empty, initialised
- * document, so the caller's bson_destroy stays right. Errors: SDB_EPROTO (no cursor
- * document in reply; no message), reply then untouched. */
+ * its buffered documents; documents of another chunk than s->chunk are dropped (s->rcoll;
+ * when most are, the stream keeps a copy of its own instead of the reply).
+ * On success the stream takes reply's contents over (no copy): reply is left an empty,
+ * initialised document, so the caller's bson_destroy stays right. reply must be a bson_t
+ * of the caller's (bson_init, BSON_INITIALIZER, bson_copy_to), never one of bson_new:
+ * bson_steal frees such a struct, which this would then write. Errors: SDB_EPROTO (no
+ * cursor document in reply; no message), reply then untouched. */
 int pstream_take_batch(pstream *s, bson_t *reply, const char *field);
 /* Fill a stream with the documents of arr (an array of documents built by the caller, e.g.
- * a pipeline's output; its struct the caller's; taken over as pstream_take_batch takes a
- * reply: left empty).
- * Elements that are not documents are skipped. */
+ * a pipeline's output; taken over as pstream_take_batch takes a reply: left empty, and
+ * likewise never a bson_new one). Elements that are not documents are skipped. */
 void pstream_take_docs(pstream *s, bson_t *arr);
 /* Free a stream's documents and names (not err_reply's storage: bson_destroy that). */
 void pstream_clear(pstream *s);

@@ -61,10 +61,13 @@ static bson_t *reply_of(const int *ks, size_t n)
 
 static void fill_stream(pstream *s, route_coll *rc, ssize_t chunk, const int *ks, size_t n)
 {
-	bson_t *r = reply_of(ks, n), reply;
+	bson_t *heap = reply_of(ks, n), r;
 
-	bson_copy_to(r, &reply); /* as the proxy's replies are: a struct of the caller's */
-	bson_destroy(r);
+	/* pstream_take_batch takes over a bson_t of the caller's, never a bson_new one
+	 * (bson_steal frees that struct) */
+	bson_copy_to(heap, &r);
+	bson_destroy(heap);
+
 	memset(s, 0, sizeof *s);
 	bson_init(&s->err_reply);
 	s->chunk = chunk;
@@ -72,21 +75,9 @@ static void fill_stream(pstream *s, route_coll *rc, ssize_t chunk, const int *ks
 		s->rcoll = rc;
 		route_coll_ref(rc);
 	}
-	assert_int_equal(pstream_take_batch(s, &reply, "firstBatch"), 0);
-	assert_true(bson_empty(&reply)); /* taken over, left empty */
-	bson_destroy(&reply);
-}
-
-/* k of a stream's buffered document i (a view into its batch) */
-static int64_t k_at(const pstream *s, size_t i)
-{
-	bson_t d;
-	bson_iter_t it;
-
-	assert_true(i < s->n);
-	assert_true(bson_init_static(&d, s->docs[i].data, s->docs[i].len));
-	assert_true(bson_iter_init_find(&it, &d, "k"));
-	return bson_iter_as_int64(&it);
+	assert_int_equal(pstream_take_batch(s, &r, "firstBatch"), 0);
+	assert_true(bson_empty(&r)); /* taken over, left empty */
+	bson_destroy(&r);
 }
 
 static int64_t k_of(const bson_t *d)
@@ -107,13 +98,33 @@ static void test_ownership_filter(void **state)
 	(void)state;
 	fill_stream(s, rc, 0, ks, 5);
 	assert_int_equal(s->n, 3);
-	assert_int_equal(k_at(s, 0), 5);
-	assert_int_equal(k_at(s, 1), 99);
-	assert_int_equal(k_at(s, 2), 42);
+	s->pos = 0;
+	assert_int_equal(k_of(stream_head(s)), 5);
+	s->pos = 1;
+	assert_int_equal(k_of(stream_head(s)), 99);
+	s->pos = 2;
+	assert_int_equal(k_of(stream_head(s)), 42);
+	s->pos = 0;
 	assert_int_equal(s->cursor_id, 0);
 	pstream_clear(s);
 	bson_destroy(&s->err_reply);
 	free(s);
+	/* most of the reply another chunk's: the stream keeps a copy of its own documents,
+	 * not the shard's whole batch */
+	{
+		int many[40];
+		size_t i;
+		s = sdb_calloc_bson(1, sizeof *s);
+		for (i = 0; i < 40; i++)
+			many[i] = i == 7 ? 3 : 200 + (int)i;
+		fill_stream(s, rc, 0, many, 40);
+		assert_int_equal(s->n, 1);
+		assert_true(s->batch->len < 100);
+		assert_int_equal(k_of(stream_head(s)), 3);
+		pstream_clear(s);
+		bson_destroy(&s->err_reply);
+		free(s);
+	}
 	route_coll_unref(rc);
 }
 
