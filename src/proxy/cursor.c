@@ -13,6 +13,10 @@
 #include "storage/projection.h"
 
 #define CURSOR_MAX_BATCH_BYTES (8 * 1024 * 1024)
+/* a batch's documents with their elements' overhead, at most (mongod's
+ * FindCommon::haveSpaceForNext: BSONObjMaxUserSize), so that the reply stays under
+ * maxBsonObjectSize and the 16 KB the wire allows over it for the rest of the reply */
+#define CURSOR_MAX_BATCH_DOC_BYTES (16 * 1024 * 1024)
 #define CURSOR_DEFAULT_BATCH 101
 #define CURSOR_SHARD_BATCH 1000
 
@@ -38,6 +42,10 @@ struct proxy_cursor {
 	px_cs *cs;    /* a change stream (changestream.c): no streams, no sort */
 	bool partial_ok; /* allowPartialResults: a stream whose shard is unreachable is dropped */
 	bool partial;    /* ... and one was (partialResultsReturned) */
+	/* proxy_cursor_fill left the document proxy_cursor_next returned last (last) for the
+	 * next batch: the next call returns it again (it is still valid: nothing ran since) */
+	bool unread;
+	const bson_t *last;
 	proxy_cursor *next;
 };
 
@@ -323,6 +331,11 @@ int proxy_cursor_next(proxy *p, proxy_cursor *c, const bson_t **doc_out, int *co
 	int rc = 0;
 
 	*doc_out = NULL;
+	if (c->unread) {
+		c->unread = false;
+		*doc_out = c->last;
+		return 1;
+	}
 	for (;;) {
 		size_t nidx = 0;
 		ssize_t pick;
@@ -384,7 +397,7 @@ int proxy_cursor_next(proxy *p, proxy_cursor *c, const bson_t **doc_out, int *co
 			}
 			doc = c->proj_out;
 		}
-		*doc_out = doc;
+		*doc_out = c->last = doc;
 		rc = 1;
 		break;
 	}
@@ -409,7 +422,8 @@ int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size
 		      char *err, size_t errlen)
 {
 	int64_t count = 0;
-	size_t bytes = 0;
+	size_t bytes = 0;  /* of the documents appended to arr */
+	size_t total = 0;  /* ... with their elements' type and key */
 	int rc = 0;
 	char key[24];
 
@@ -417,6 +431,8 @@ int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size
 		batch_size = INT64_MAX;
 	while (count < batch_size && bytes < CURSOR_MAX_BATCH_BYTES) {
 		const bson_t *doc;
+		const char *k;
+		size_t elem;
 		int r = proxy_cursor_next(p, c, &doc, code, err, errlen);
 		if (r < 0) {
 			rc = r;
@@ -426,11 +442,21 @@ int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size
 			rc = 1;
 			break;
 		}
-		bson_append_document(arr, key_of(count, key, sizeof key), -1, doc);
+		k = key_of(count, key, sizeof key);
+		elem = 2 + strlen(k) + proxy_bson_len(doc); /* type, key, NUL, document */
+		if (count > 0 && total + elem > CURSOR_MAX_BATCH_DOC_BYTES) {
+			/* it would take the reply over 16 MiB: it opens the next batch (8 MiB of
+			 * documents then one of 15 MiB made a reply of 23 MiB, which the wire
+			 * answered BSONObjectTooLarge, the batch's documents lost) */
+			c->unread = true;
+			break;
+		}
+		bson_append_document(arr, k, -1, doc);
 		bytes += proxy_bson_len(doc);
+		total += elem;
 		count++;
 	}
-	if (rc == 0 && c->limit > 0 && c->returned >= c->limit)
+	if (rc == 0 && !c->unread && c->limit > 0 && c->returned >= c->limit)
 		rc = 1;
 	if (rc == 0 && !proxy_cursor_has_more(c))
 		rc = 1;
@@ -489,6 +515,8 @@ bool proxy_cursor_has_more(const proxy_cursor *c)
 {
 	size_t i;
 
+	if (c->unread)
+		return true;
 	for (i = 0; i < c->n; i++)
 		if (c->s[i].pos < c->s[i].n || c->s[i].cursor_id != 0)
 			return true;
