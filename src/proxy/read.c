@@ -1007,8 +1007,10 @@ static pstream *run_to_stream(const sdb_pipeline *pl, sdb_pipeline_next_fn next,
 		bson_uint32_to_string(k++, &key, kb, sizeof kb);
 		if (!bson_append_document(&arr, key, -1, d)) {
 			*code = WIRE_ERR_BSON_TOO_LARGE;
-			snprintf(err, errlen, "aggregate result over %u bytes held by the proxy",
-				 (unsigned)INT32_MAX);
+			/* libbson grows a document 2x by 2x, up to INT32_MAX: past 1 GiB */
+			snprintf(err, errlen, "aggregate output too large for the proxy to hold "
+					      "(over 1 GiB after %u documents)",
+				 (unsigned)(k - 1));
 			r = -1;
 			break;
 		}
