@@ -222,7 +222,8 @@ int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size
 		      char *err, size_t errlen);
 /* A new empty document (bson_destroy it) for proxy_cursor_answer's answer, its buffer
  * sized for the next batch of c of at most batch_size documents (< 0 = no count limit)
- * from the documents c holds, up to ~8 MiB. */
+ * from the documents c holds, up to ~8 MiB plus one document (not sized when the proxy
+ * projects: the output may be far smaller). */
 bson_t *proxy_cursor_answer_new(const proxy_cursor *c, int64_t batch_size);
 /* Append to out (a document being built) the cursor of a find, aggregate or getMore
  * answer: `cursor: {id: 0, ns, <field>: [the next batch of c, proxy_cursor_fill's, built in
