@@ -523,24 +523,27 @@ static int find_stages(ctx *c, bson_t *stages, int64_t *batch, bool *single)
  * status of the answer (px_answer_cursor). */
 static int answer_docs(ctx *c, doclist *out, int64_t batch, bool single)
 {
-	pstream *s = sdb_calloc_bson(1, sizeof *s);
 	bson_t arr = BSON_INITIALIZER;
+	bool ok = true;
+	pstream *s;
 	size_t i;
 
+	for (i = 0; i < out->n; i++) {
+		ok = ok && pstream_docs_append(&arr, (uint32_t)i, out->v[i]);
+		bson_destroy(out->v[i]);
+	}
+	free(out->v);
+	memset(out, 0, sizeof *out);
+	if (!ok) { /* past libbson's 1 GiB: never a config listing in practice */
+		bson_destroy(&arr);
+		return px_error(c, WIRE_ERR_BSON_TOO_LARGE, "%s: over 1 GiB of documents", c->ns);
+	}
+	s = sdb_calloc_bson(1, sizeof *s);
 	memset(s, 0, sizeof *s);
 	s->chunk = -1;
 	bson_init(&s->err_reply);
-	for (i = 0; i < out->n; i++) {
-		const char *key;
-		char kb[16];
-		bson_uint32_to_string((uint32_t)i, &key, kb, sizeof kb);
-		bson_append_document(&arr, key, -1, out->v[i]);
-		bson_destroy(out->v[i]);
-	}
 	pstream_take_docs(s, &arr);
 	bson_destroy(&arr);
-	free(out->v);
-	memset(out, 0, sizeof *out);
 	return px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, s, 1, NULL, NULL, 0, 0), batch,
 				single, "firstBatch", c->ns);
 }

@@ -132,6 +132,15 @@ static void index_docs(pstream *s, bson_iter_t *arr)
 	}
 }
 
+bool pstream_docs_append(bson_t *arr, uint32_t i, const bson_t *doc)
+{
+	const char *key;
+	char kb[16];
+
+	bson_uint32_to_string(i, &key, kb, sizeof kb);
+	return bson_append_document(arr, key, -1, doc);
+}
+
 /* A filtering stream (s->rcoll: a per-chunk request) kept only its chunk's documents of a
  * reply that holds all the shard's: when those are under half of the reply, hold a copy of
  * them instead of the reply. A per-chunk request returns every matching document of its
@@ -149,12 +158,9 @@ static void compact_batch(pstream *s)
 	if (s->batch == NULL || kept >= s->batch->len / 2)
 		return;
 	for (i = 0; i < s->n; i++) {
-		const char *key;
-		char kb[16];
 		bson_t d;
-		bson_uint32_to_string((uint32_t)i, &key, kb, sizeof kb);
 		if (bson_init_static(&d, s->docs[i].data, s->docs[i].len))
-			bson_append_document(&arr, key, -1, &d);
+			pstream_docs_append(&arr, (uint32_t)i, &d);
 	}
 	s->rcoll = NULL; /* filtered already */
 	pstream_take_docs(s, &arr);

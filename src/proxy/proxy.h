@@ -202,6 +202,9 @@ int pstream_take_batch(pstream *s, bson_t *reply, const char *field);
  * a pipeline's output; taken over as pstream_take_batch takes a reply: left empty, and
  * likewise never a bson_new one). Elements that are not documents are skipped. */
 void pstream_take_docs(pstream *s, bson_t *arr);
+/* Append doc to arr (an array being built for pstream_take_docs) as element i ("0", "1",
+ * ...). False when arr cannot grow (libbson: past 1 GiB). */
+bool pstream_docs_append(bson_t *arr, uint32_t i, const bson_t *doc);
 /* Free a stream's documents and names (not err_reply's storage: bson_destroy that). */
 void pstream_clear(pstream *s);
 

@@ -999,13 +999,10 @@ static pstream *run_to_stream(const sdb_pipeline *pl, sdb_pipeline_next_fn next,
 	sdb_pipeline_open(pl, next, arg, &pc);
 	for (;;) {
 		const bson_t *d;
-		const char *key;
-		char kb[16];
 		r = sdb_pipeline_cursor_next(pc, &d, code, err, errlen);
 		if (r <= 0)
 			break;
-		bson_uint32_to_string(k++, &key, kb, sizeof kb);
-		if (!bson_append_document(&arr, key, -1, d)) {
+		if (!pstream_docs_append(&arr, k++, d)) {
 			*code = WIRE_ERR_BSON_TOO_LARGE;
 			/* libbson grows a document 2x by 2x, up to INT32_MAX: past 1 GiB */
 			snprintf(err, errlen, "aggregate output too large for the proxy to hold "

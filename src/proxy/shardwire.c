@@ -20,7 +20,6 @@
 
 #include "auth/cluster.h"
 #include "common/alloc.h"
-#include "common/bsonget.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -252,7 +251,7 @@ static int recv_into(wconn *c, const uint8_t *first, size_t got, size_t len, bso
 {
 	size_t blen = len - WIRE_MSG_PREFIX_LEN, have = got - WIRE_MSG_PREFIX_LEN;
 	uint8_t *b = bson_reserve_buffer(reply, (uint32_t)blen);
-	uint32_t dlen;
+	char why[160];
 
 	if (b == NULL) {
 		snprintf(err, errlen, "answer of %zu bytes: out of memory", len);
@@ -264,13 +263,8 @@ static int recv_into(wconn *c, const uint8_t *first, size_t got, size_t len, bso
 		bson_reinit(reply);
 		return -1;
 	}
-	memcpy(&dlen, b, sizeof dlen);
-	dlen = BSON_UINT32_FROM_LE(dlen);
-	if (dlen != blen || blen > WIRE_MAX_BSON_SIZE || b[blen - 1] != 0 ||
-	    !sdb_bson_well_formed(reply, 200)) {
-		snprintf(err, errlen, "malformed answer: a document of %u bytes in %zu, or invalid "
-				      "BSON",
-			 (unsigned)dlen, blen);
+	if (wire_msg_check_doc(b, blen, why, sizeof why) != 0) {
+		snprintf(err, errlen, "malformed answer: %s", why);
 		bson_reinit(reply);
 		return -1;
 	}

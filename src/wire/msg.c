@@ -633,6 +633,19 @@ void wire_msg_encode_msg_prefix(uint8_t out[WIRE_MSG_PREFIX_LEN], int32_t reques
 	out[20] = 0;
 }
 
+int wire_msg_check_doc(const uint8_t *p, size_t len, char *err, size_t errlen)
+{
+	bson_t doc;
+	size_t used = 0;
+	int code = 0;
+	int rc = read_doc(p, len, "body", &doc, &used, &code, err, errlen);
+
+	if (rc == 0 && used != len)
+		rc = sdb_errf(err, errlen, SDB_EPROTO, "body: a document of %zu bytes in %zu",
+			      used, len);
+	return rc;
+}
+
 bool wire_msg_prefix_is_plain(const uint8_t *prefix, int32_t response_to)
 {
 	return rd_i32(prefix + 8) == response_to && rd_i32(prefix + 12) == WIRE_OP_MSG &&

@@ -246,6 +246,12 @@ void wire_msg_encode_msg_prefix(uint8_t out[WIRE_MSG_PREFIX_LEN], int32_t reques
  * the document's bytes into a buffer of their own (the proxy's shard connections: no copy);
  * anything else goes through wire_msg_parse. */
 bool wire_msg_prefix_is_plain(const uint8_t *prefix, int32_t response_to);
+/* Check the len bytes at p as wire_msg_parse checks a section's document: one document
+ * filling them, at most maxBsonObjectSize, well formed. For the reader of a plain
+ * message's document (wire_msg_prefix_is_plain). Returns 0. Errors: SDB_EPROTO (not one
+ * well-formed document of len bytes), SDB_ETOOBIG (over maxBsonObjectSize), with a
+ * message in err. */
+int wire_msg_check_doc(const uint8_t *p, size_t len, char *err, size_t errlen);
 
 /* Encode an OP_REPLY with one document (the reply to a legacy OP_QUERY command).
  * response_flags: WIRE_REPLY_FLAG_*. A failure (doc's `ok` false, or QueryFailure in

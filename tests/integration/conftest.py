@@ -169,6 +169,15 @@ def alive(pid):
         return False
 
 
+def vm_rss_kb(pid):
+    """Resident set size of process pid in KiB (/proc/PID/status VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
 def wait_until(cond, timeout=20.0, interval=0.02, what="condition"):
     """Poll cond() until it returns a truthy value or timeout (s) passes; return the value."""
     deadline = time.monotonic() + timeout

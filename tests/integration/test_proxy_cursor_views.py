@@ -21,7 +21,7 @@ from bson import MinKey
 from bson.son import SON
 from pymongo.errors import OperationFailure
 
-from conftest import free_port
+from conftest import free_port, vm_rss_kb
 from proxy_helpers import ProxyCluster, install_filtering
 
 MAX_BSON = 16 * 1024 * 1024
@@ -372,14 +372,6 @@ def test_allow_partial_results_drops_a_shard_mid_merge(start_role, tmp_path):
         cl.stop_proxy_clean(0)
     finally:
         cl.close()
-
-
-def vm_rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def test_per_chunk_streams_hold_their_own_documents_not_the_shards_batch(start_role,

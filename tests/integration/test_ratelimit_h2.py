@@ -18,7 +18,7 @@ import time
 import grpc
 import pytest
 
-from conftest import free_port, wait_until
+from conftest import free_port, vm_rss_kb, wait_until
 
 from test_ratelimit_grpc import MINUTE, T0, cluster, node, owners_of, pb, req  # noqa: F401
 from test_security_tls import grpc_tls_channel, live, make_certs, mtls_args, pki, start_rl
@@ -551,14 +551,6 @@ def test_connection_cap(start_role, pb):
         s.sendall(PREFACE + frame(4, 0, 0) + request_headers(1, "/pb.gubernator.V1/LiveCheck")
                   + frame(0, 0x1, 1, b"\x00\x00\x00\x00\x00"))
         assert any(f[0] == 0 for f in call_frames(s, 1))
-
-
-def vm_rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def test_window_zero_client_memory_is_bounded(start_role, pb):
