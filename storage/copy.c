@@ -237,7 +237,7 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 		int64_t gen_after = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
 		char sql[96];
 		snprintf(sql, sizeof sql, "UPDATE meta SET v = %lld WHERE k='catalog_gen'",
-			 (long long)((gen_after > gen_before ? gen_after : gen_before) + 1));
+			 (long long)(gen_after > gen_before ? gen_after : gen_before) + 1);
 		if (store_exec_sql(c->db, sql, err, errlen) != 0) {
 			pthread_mutex_unlock(&c->st->write_mu);
 			goto out;

@@ -947,12 +947,12 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 			continue;
 		}
 		if (strcmp(op, "$ne") == 0) {
-			node *not = node_new(N_NOT);
+			node *neg = node_new(N_NOT);
 
 			n = path_node(path, OP_EQ);
 			copy_value(&it, &n->val);
-			node_add(not, n);
-			node_add(and_out, not);
+			node_add(neg, n);
+			node_add(and_out, neg);
 			continue;
 		}
 		if (strcmp(op, "$in") == 0 || strcmp(op, "$nin") == 0) {
@@ -963,10 +963,10 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 				return rc;
 			}
 			if (op[1] == 'n') {
-				node *not = node_new(N_NOT);
+				node *neg = node_new(N_NOT);
 
-				node_add(not, n);
-				n = not;
+				node_add(neg, n);
+				n = neg;
 			}
 			node_add(and_out, n);
 			continue;
@@ -976,10 +976,10 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 			if (true_value(&it)) {
 				node_add(and_out, n);
 			} else {
-				node *not = node_new(N_NOT);
+				node *neg = node_new(N_NOT);
 
-				node_add(not, n);
-				node_add(and_out, not);
+				node_add(neg, n);
+				node_add(and_out, neg);
 			}
 			continue;
 		}
@@ -1069,9 +1069,9 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 			continue;
 		}
 		if (strcmp(op, "$not") == 0) {
-			node *not = node_new(N_NOT), *inner = node_new(N_AND);
+			node *neg = node_new(N_NOT), *inner = node_new(N_AND);
 
-			node_add(not, inner);
+			node_add(neg, inner);
 			if (BSON_ITER_HOLDS_REGEX(&it)) {
 				rc = parse_regex_pair(path, &it, NULL, inner, pe);
 			} else if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
@@ -1087,10 +1087,10 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 						  "$not needs a regex or a document");
 			}
 			if (rc) {
-				node_free(not);
+				node_free(neg);
 				return rc;
 			}
-			node_add(and_out, not);
+			node_add(and_out, neg);
 			continue;
 		}
 		if (strcmp(op, "$comment") == 0)

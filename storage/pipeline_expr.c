@@ -1148,12 +1148,12 @@ int agg_expr_eval_ref(const expr *x, const bson_t *root, docbuild_node **out, bo
 		      const ectx *e)
 {
 	*owned = true;
-	if (x != NULL && x->kind == X_LIT && x->lit->key == NULL) {
+	if (x->kind == X_LIT && x->lit->key == NULL) {
 		*out = x->lit;
 		*owned = false;
 		return 0;
 	}
-	if (x != NULL && x->kind == X_LVAR && !x->take && strchr(x->path, '.') == NULL) {
+	if (x->kind == X_LVAR && !x->take && strchr(x->path, '.') == NULL) {
 		const docbuild_node *v = NULL;
 		int rc = agg_lvar_ref(x, &v, e);
 

@@ -430,7 +430,7 @@ static int format_date(const char *f, size_t len, int64_t utc_ms, int off, sbuf_
 
 typedef enum { U_YEAR, U_QUARTER, U_MONTH, U_WEEK, U_DAY, U_HOUR, U_MINUTE, U_SECOND, U_MS } tunit;
 
-static const int64_t unit_ms[] = {0, 0, 0, 7 * MS_PER_DAY, MS_PER_DAY, 3600000, 60000, 1000, 1};
+static const int64_t unit_ms[U_MS + 1] = {0, 0, 0, 7 * MS_PER_DAY, MS_PER_DAY, 3600000, 60000, 1000, 1};
 
 /* Value::integral64Bit + coerceToLong: a number holding an integer in int64's range. */
 static bool as_long(const docbuild_node *v, int64_t *out)
@@ -547,6 +547,9 @@ static bool date_add(int64_t ms, tunit u, int64_t amount, int off, int64_t *out)
 	dparts p;
 
 	if (u >= U_WEEK) {
+		/* u is a tunit, at most U_MS: unit_ms's last index (cppcheck takes the enum
+		 * for any int) */
+		/* cppcheck-suppress arrayIndexOutOfBoundsCond */
 		return !__builtin_mul_overflow(amount, unit_ms[u], &r) &&
 		       !__builtin_add_overflow(ms, r, out);
 	}

@@ -189,6 +189,7 @@ int px_sub_run(ctx *sub, int (*run)(ctx *), const bson_t *cmd, bson_t **reply, i
 	sub->cmd = cmd;
 	*reply = NULL;
 	run(sub);
+	sub->ans = NULL; /* ans dies with this call: sub keeps no pointer to it */
 	if (ans.state == 1 && ans.reply != NULL && bson_iter_init_find(&it, ans.reply, "ok") &&
 	    bson_iter_as_double(&it) == 1.0) {
 		*reply = ans.reply;

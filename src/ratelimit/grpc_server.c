@@ -377,8 +377,8 @@ static void set_out(h2call *c, const ProtobufCMessage *msg)
 /* Serialise the GetRateLimits or GetPeerRateLimits answer held in c->resps and send it. */
 static void reply_resps(h2call *c)
 {
-	rl_pb_resp slot1, *slots = c->n <= 1 ? &slot1 : sdb_calloc(c->n, sizeof(*slots));
-	Pb__Gubernator__RateLimitResp *ptr1, **ptrs = c->n <= 1 ? &ptr1 : sdb_calloc(c->n, sizeof(*ptrs));
+	rl_pb_resp slot1 = {0}, *slots = c->n <= 1 ? &slot1 : sdb_calloc(c->n, sizeof(*slots));
+	Pb__Gubernator__RateLimitResp *ptr1 = NULL, **ptrs = c->n <= 1 ? &ptr1 : sdb_calloc(c->n, sizeof(*ptrs));
 	size_t i;
 
 	for (i = 0; i < c->n; i++) {

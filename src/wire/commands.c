@@ -444,6 +444,7 @@ static void cmd_server_status(wire_req *req, void *role_data)
 	BSON_APPEND_UTF8(reply, "version", WIRE_COMPAT_VERSION "-stripedb-" PACKAGE_VERSION);
 	BSON_APPEND_UTF8(reply, "process", srv->is_mongos ? "mongos" : "mongod");
 	BSON_APPEND_INT64(reply, "pid", (int64_t)uv_os_getpid());
+	/* whole seconds, as mongod (NOLINTNEXTLINE(bugprone-integer-division)) */
 	BSON_APPEND_DOUBLE(reply, "uptime", (double)(up_ms / 1000));
 	BSON_APPEND_INT64(reply, "uptimeMillis", up_ms);
 	BSON_APPEND_INT64(reply, "uptimeEstimate", up_ms / 1000);

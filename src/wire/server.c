@@ -250,9 +250,10 @@ void wire__conn_close(wire_conn *conn)
 {
 	if (conn->state == WIRE_CONN_CLOSING)
 		return;
-	if (conn->out_len > 0) /* held replies (conn_write_rest): what the socket takes */
-		(void)uv_try_write((uv_stream_t *)&conn->tcp,
-				   &(uv_buf_t){.base = (char *)conn->out, .len = conn->out_len}, 1);
+	if (conn->out_len > 0) { /* held replies (conn_write_rest): what the socket takes */
+		uv_buf_t held = uv_buf_init((char *)conn->out, (unsigned)conn->out_len);
+		(void)uv_try_write((uv_stream_t *)&conn->tcp, &held, 1);
+	}
 	conn->out_len = 0;
 	/* no reply is sent on the socket from here on (reply_direct) */
 	uv_mutex_lock(&conn->wmu);

@@ -191,10 +191,10 @@ static void *run(void *arg)
 	grpc_arg a = {.type = GRPC_ARG_INTEGER,
 		      .key = (char *)GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL,
 		      .value.integer = 1};
-	grpc_channel_args args = {.num_args = 1, .args = &a};
+	grpc_channel_args chargs = {.num_args = 1, .args = &a};
 	grpc_channel_credentials *creds = grpc_insecure_credentials_create();
 
-	w->ch = grpc_channel_create(w->addr, creds, &args);
+	w->ch = grpc_channel_create(w->addr, creds, &chargs);
 	grpc_channel_credentials_release(creds);
 	w->cq = grpc_completion_queue_create_for_next(NULL);
 	for (long i = 0; i < w->inflight; i++, active++)
