@@ -36,11 +36,14 @@ python3 python3-pymongo"
 # Tests (pytest, its per-test timeout, pytest-xdist for the parallel phase of tests/integration/run.sh,
 # grpcio, h2/hpack for raw HTTP/2 frames, kcat, curl, sqlite3, Redis for the rate
 # limiter benchmark, network namespaces and sshd for the multi-host test), the fuzzers
-# (clang, and libclang-rt-14-dev for the libFuzzer runtime, which clang only recommends) and
+# (clang, and libclang-rt-14-dev for the libFuzzer runtime, which clang only recommends), the
+# static analysis and format checks (clang-tidy, clang-format, cppcheck: tests/check-lint.sh,
+# tests/check-format.sh) and
 # the package builds (debhelper, rpm, lintian, debootstrap), and the S3 server of the CDC
 # archive tests (Ceph's radosgw on a one-node Ceph: tests/integration/s3_server.py).
 TEST_PKGS="git sqlite3 python3-pytest python3-pytest-timeout python3-pytest-xdist python3-grpcio python3-grpc-tools
-python3-prometheus-client python3-h2 redis-server kcat clang libclang-rt-14-dev curl iproute2 openssh-client openssh-server
+python3-prometheus-client python3-h2 redis-server kcat clang libclang-rt-14-dev clang-tidy clang-format cppcheck
+curl iproute2 openssh-client openssh-server
 debhelper dpkg-dev fakeroot rpm lintian debootstrap
 radosgw ceph-mon ceph-osd ceph-common"
 

@@ -62,6 +62,8 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_erro
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # mongosh and the Node.js driver were installed above: their tests must run, not skip.
 export STRIPEDB_REQUIRE_NODE_CLIENTS=1
+# cppcheck, clang-tidy and clang-format were installed above: their checks must run, not skip.
+export STRIPEDB_REQUIRE_LINT=1
 # The unit tests first, then the integration suite on its own: its parallel workers load
 # every CPU, and the unit tests' real loops and timers (a Raft node on loopback) ran beside
 # it before (once a segfault in test_raft_node that no run alone reproduced).
@@ -101,7 +103,7 @@ fi
 
 if [ "${SKIP_DISTCHECK:-0}" != 1 ]; then
 	step "make distcheck"
-	(cd build && SDB_SKIP_INTEGRATION=1 make -j"$jobs" distcheck >distcheck.out 2>&1) || { tail -n 60 build/distcheck.out; exit 1; }
+	(cd build && SDB_SKIP_INTEGRATION=1 SDB_SKIP_LINT=1 make -j"$jobs" distcheck >distcheck.out 2>&1) || { tail -n 60 build/distcheck.out; exit 1; }
 	tail -n 4 build/distcheck.out
 fi
 step "all tests passed"
