@@ -962,30 +962,46 @@ void shard_cmd_list_indexes(shard_ctx *x)
 	free(ns);
 }
 
-void shard_cmd_list_collections(shard_ctx *x)
+/* The common start of listCollections and listDatabases: reads the command's optional
+ * `filter` (a document; cmd names the command in the TypeMismatch message) and `nameOnly`
+ * (any type, its truth) into *name_only, builds a matcher for the filter (no filter: one
+ * that matches every document) and opens a read transaction.
+ * Returns: the matcher, owned by the caller (sdb_matcher_free), with the read transaction
+ * open; NULL once x has been answered with an error and no transaction is left open.
+ * Errors: a filter that is not a document (util_get_doc's error); a filter the matcher
+ * refuses (the matcher's code, BadValue when it gives none); shard_begin's errors. */
+static sdb_matcher *listing_begin(shard_ctx *x, const char *cmd, bool *name_only)
 {
 	bson_iter_t it;
 	bson_t filter = BSON_INITIALIZER;
-	bool name_only = false;
-	if (bson_iter_init_find(&it, x->cmd, "filter") &&
-	    !util_get_doc(x, "listCollections", &it, &filter)) {
+	*name_only = false;
+	if (bson_iter_init_find(&it, x->cmd, "filter") && !util_get_doc(x, cmd, &it, &filter)) {
 		bson_destroy(&filter);
-		return;
+		return NULL;
 	}
 	if (bson_iter_init_find(&it, x->cmd, "nameOnly"))
-		name_only = bson_iter_as_bool(&it);
+		*name_only = bson_iter_as_bool(&it);
 	sdb_matcher *m = NULL;
 	int code = 0;
 	if (sdb_matcher_new(&filter, &m, &code, x->err, sizeof x->err) != 0) {
 		bson_destroy(&filter);
 		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
-		return;
+		return NULL;
 	}
 	bson_destroy(&filter);
 	if (!shard_begin(x, false)) {
 		sdb_matcher_free(m);
-		return;
+		return NULL;
 	}
+	return m;
+}
+
+void shard_cmd_list_collections(shard_ctx *x)
+{
+	bool name_only;
+	sdb_matcher *m = listing_begin(x, "listCollections", &name_only);
+	if (!m)
+		return;
 	char **names = NULL;
 	size_t nn = 0;
 	sdb_store_coll_list(x->conn, x->db, &names, &nn, NULL, 0);
@@ -1027,31 +1043,13 @@ void shard_cmd_list_collections(shard_ctx *x)
 
 void shard_cmd_list_databases(shard_ctx *x)
 {
-	bson_iter_t it;
-	bson_t filter = BSON_INITIALIZER;
-	bool name_only = false;
+	bool name_only;
 	/* filter (MongoDB list_databases.cpp): a query over each database's document as the
 	 * reply shows it ({name, sizeOnDisk, empty}; {name} with nameOnly), totalSize the sum
 	 * over the databases it keeps */
-	if (bson_iter_init_find(&it, x->cmd, "filter") &&
-	    !util_get_doc(x, "listDatabases", &it, &filter)) {
-		bson_destroy(&filter);
+	sdb_matcher *m = listing_begin(x, "listDatabases", &name_only);
+	if (!m)
 		return;
-	}
-	if (bson_iter_init_find(&it, x->cmd, "nameOnly"))
-		name_only = bson_iter_as_bool(&it);
-	sdb_matcher *m = NULL;
-	int code = 0;
-	if (sdb_matcher_new(&filter, &m, &code, x->err, sizeof x->err) != 0) {
-		bson_destroy(&filter);
-		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
-		return;
-	}
-	bson_destroy(&filter);
-	if (!shard_begin(x, false)) {
-		sdb_matcher_free(m);
-		return;
-	}
 	char **names = NULL;
 	size_t nn = 0;
 	sdb_store_coll_list(x->conn, NULL, &names, &nn, NULL, 0);
