@@ -540,6 +540,49 @@ static docbuild_node *acc_result(acc_state *a)
 	}
 }
 
+/* Pull stage i's next input document into *d and evaluate the stage's key expression on it
+ * ($group's _id, $bucketAuto's groupBy: st->id) into *v (NULL when it is missing).
+ * Returns: 0 with *d NULL at the end of the input; 0 with *d (the caller destroys it) and
+ * *v (the caller frees it with docbuild_free); or pull's error, or the expression's with
+ * *d destroyed and *v NULL. */
+static int pull_keyed(sdb_pipeline_cursor *c, size_t i, bson_t **d, docbuild_node **v,
+		      const ectx *e)
+{
+	int rc = pull(c, i, d, e);
+
+	*v = NULL;
+	if (rc != 0 || *d == NULL) {
+		return rc;
+	}
+	rc = agg_expr_eval(c->p->st[i].id, *d, v, e);
+	if (rc != 0) {
+		docbuild_free(*v);
+		*v = NULL;
+		bson_destroy(*d);
+	}
+	return rc;
+}
+
+/* Append v's order-preserving encoding, under the current collation, to key (v not NULL:
+ * a missing key is null by then).
+ * Returns: 0; or the encoder's error with its message in e->err and *e->code BadValue
+ * (key is left to the caller to free). */
+static int key_append_node(sdb_key *key, const docbuild_node *v, const ectx *e)
+{
+	bson_t scratch;
+	bson_value_t bv;
+	int rc;
+
+	docbuild_value(v, &scratch, &bv);
+	rc = sdb_keyenc_append_value_coll(key, &bv, false, sdb_collation_current(), e->err,
+					  e->errlen);
+	bson_destroy(&scratch);
+	if (rc != 0 && e->code != NULL) {
+		*e->code = C_BAD_VALUE;
+	}
+	return rc;
+}
+
 static int run_group(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 {
 	const stage *st = &c->p->st[i];
@@ -548,11 +591,9 @@ static int run_group(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 	for (;;) {
 		bson_t *d = NULL;
 		docbuild_node *id = NULL;
-		bson_t scratch;
-		bson_value_t idv;
 		sdb_key key;
 		group *g;
-		int rc = pull(c, i, &d, e);
+		int rc = pull_keyed(c, i, &d, &id, e);
 
 		if (rc != 0) {
 			return rc;
@@ -560,25 +601,15 @@ static int run_group(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 		if (d == NULL) {
 			break;
 		}
-		rc = agg_expr_eval(st->id, d, &id, e);
-		if (rc != 0) {
-			bson_destroy(d);
-			return rc;
-		}
 		if (id == NULL) {
 			id = v_null();
 		}
 		sdb_key_init(&key);
-		docbuild_value(id, &scratch, &idv);
-		rc = sdb_keyenc_append_value_coll(&key, &idv, false, sdb_collation_current(), e->err, e->errlen);
-		bson_destroy(&scratch);
+		rc = key_append_node(&key, id, e);
 		if (rc != 0) {
 			sdb_key_free(&key);
 			docbuild_free(id);
 			bson_destroy(d);
-			if (e->code != NULL) {
-				*e->code = C_BAD_VALUE;
-			}
 			return rc;
 		}
 		if (s->n_groups >= s->n_buckets) {
@@ -678,10 +709,8 @@ static int run_bucket_auto(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 	for (;;) {
 		bson_t *d = NULL;
 		docbuild_node *v = NULL;
-		bson_t scratch;
-		bson_value_t bv;
 		sitem *it;
-		int rc = pull(c, i, &d, e);
+		int rc = pull_keyed(c, i, &d, &v, e);
 
 		if (rc != 0) {
 			return rc;
@@ -689,8 +718,7 @@ static int run_bucket_auto(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 		if (d == NULL) {
 			break;
 		}
-		rc = agg_expr_eval(st->id, d, &v, e);
-		if (rc == 0 && st->gran != 0) {
+		if (st->gran != 0) {
 			rc = agg_gran_check(v, e);
 		}
 		if (rc != 0) {
@@ -730,13 +758,8 @@ static int run_bucket_auto(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 		if (rc != 0) {
 			return rc; /* the item is freed with the stage (state_clear) */
 		}
-		docbuild_value(v, &scratch, &bv);
-		rc = sdb_keyenc_append_value_coll(&it->key, &bv, false, sdb_collation_current(), e->err, e->errlen);
-		bson_destroy(&scratch);
+		rc = key_append_node(&it->key, v, e);
 		if (rc != 0) {
-			if (e->code != NULL) {
-				*e->code = C_BAD_VALUE;
-			}
 			return rc;
 		}
 		s->mem += sitem_mem(it) + node_size(v) + argmem +
