@@ -228,17 +228,29 @@ static int q_list_migrations(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char 
 		mig_cols, N_COLS(mig_cols));
 }
 
-/* listTenants (raft/fsm.h sdb_fsm_query). */
-static int q_list_tenants(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
+/* Append the meta counter users_version (bumped by every change of a user's credentials,
+ * raft/fsm_auth.c) to reply as usersVersion, so that a reader can tell whether what it
+ * cached of the users is current.
+ * Returns: 0, or SDB_EIO when the counter cannot be read (reply is left as it was). */
+static int append_users_version(sdb_fsm *f, bson_t *reply)
 {
-	static const col_spec cols[] = {{"name", COL_TEXT}, {"quota", COL_DOC}, {"policy", COL_DOC}};
 	int64_t uv;
-	(void)cmd;
-	(void)err;
-	(void)errlen;
 	if (fsm_meta_get(f, "users_version", &uv) != 0)
 		return SDB_EIO;
 	BSON_APPEND_INT64(reply, "usersVersion", uv);
+	return 0;
+}
+
+/* listTenants (raft/fsm.h sdb_fsm_query). */
+static int q_list_tenants(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
+{
+	static const col_spec cols[] = {
+		{"name", COL_TEXT}, {"quota", COL_DOC}, {"policy", COL_DOC}};
+	(void)cmd;
+	(void)err;
+	(void)errlen;
+	if (append_users_version(f, reply) != 0)
+		return SDB_EIO;
 	return rows_to_array(reply, "tenants",
 			     fsm_q(f, "SELECT name, quota, policy FROM tenants ORDER BY name", NULL),
 			     cols, N_COLS(cols));
@@ -248,13 +260,11 @@ static int q_list_tenants(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *er
 static int q_list_users(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
 	static const col_spec cols[] = {{"name", COL_TEXT}, {"tenant", COL_TEXT}};
-	int64_t uv;
 	(void)cmd;
 	(void)err;
 	(void)errlen;
-	if (fsm_meta_get(f, "users_version", &uv) != 0)
+	if (append_users_version(f, reply) != 0)
 		return SDB_EIO;
-	BSON_APPEND_INT64(reply, "usersVersion", uv);
 	return rows_to_array(reply, "users",
 			     fsm_q(f, "SELECT name, tenant FROM users ORDER BY name", NULL), cols,
 			     N_COLS(cols));
@@ -313,13 +323,9 @@ static int q_get_user(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, s
 		}
 	}
 	bson_append_document_end(reply, &d);
-	{
-		int64_t uv;
-		if (fsm_meta_get(f, "users_version", &uv) != 0) {
-			sqlite3_finalize(st);
-			return SDB_EIO;
-		}
-		BSON_APPEND_INT64(reply, "usersVersion", uv);
+	if (append_users_version(f, reply) != 0) {
+		sqlite3_finalize(st);
+		return SDB_EIO;
 	}
 	sqlite3_finalize(st);
 	return 0;
