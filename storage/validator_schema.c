@@ -443,6 +443,20 @@ static bool sub_eval(const bson_iter_t *sch, const bson_iter_t *val, bson_t *par
 	return ok;
 }
 
+/* An array item's rule, for items and additionalItems: {operatorName: op, reason,
+ * itemIndex: index, details: [the failing rules of sub-schema sch on the item]}. r not NULL. */
+static void item_rule(rules *r, const char *op, const char *reason, int32_t index,
+		      const bson_iter_t *sch, const bson_iter_t *item)
+{
+	bson_t rule;
+
+	rule_begin(r, &rule, op);
+	BSON_APPEND_UTF8(&rule, "reason", reason);
+	BSON_APPEND_INT32(&rule, "itemIndex", index);
+	sub_eval(sch, item, &rule, "details");
+	bson_append_document_end(r->arr, &rule);
+}
+
 /* A sub-schema's title and description (sch: its element), appended to an entry that
  * reports it (mongod's appendSchemaAnnotations). */
 static void annotations(const bson_iter_t *sch, bson_t *entry)
@@ -762,15 +776,11 @@ bool vd_js_eval(const bson_t *schema, const bson_iter_t *val, bool top, rules *o
 				while (bson_iter_next(&a)) {
 					if (!sub_eval(&kw, &a, NULL, NULL)) {
 						ok = false;
-						if (out) {
-							rule_begin(out, &rule, k);
-							BSON_APPEND_UTF8(&rule, "reason",
-									 "At least one item did not "
-									 "match the sub-schema");
-							BSON_APPEND_INT32(&rule, "itemIndex", i);
-							sub_eval(&kw, &a, &rule, "details");
-							bson_append_document_end(out->arr, &rule);
-						}
+						if (out)
+							item_rule(out, k,
+								  "At least one item did not "
+								  "match the sub-schema",
+								  i, &kw, &a);
 						break;
 					}
 					i++;
@@ -781,16 +791,12 @@ bool vd_js_eval(const bson_t *schema, const bson_iter_t *val, bool top, rules *o
 				while (bson_iter_next(&b) && bson_iter_next(&a)) {
 					if (!sub_eval(&b, &a, NULL, NULL)) {
 						ok = false;
-						if (out) {
-							rule_begin(out, &rule, k);
-							BSON_APPEND_UTF8(&rule, "reason",
-									 "An array item did not match "
-									 "the specified subschema at "
-									 "the same index");
-							BSON_APPEND_INT32(&rule, "itemIndex", i);
-							sub_eval(&b, &a, &rule, "details");
-							bson_append_document_end(out->arr, &rule);
-						}
+						if (out)
+							item_rule(out, k,
+								  "An array item did not match "
+								  "the specified subschema at "
+								  "the same index",
+								  i, &b, &a);
 						break;
 					}
 					i++;
@@ -813,21 +819,17 @@ bool vd_js_eval(const bson_t *schema, const bson_iter_t *val, bool top, rules *o
 				if (fine)
 					continue;
 				ok = false;
-				if (out) {
+				if (out && BSON_ITER_HOLDS_BOOL(&kw)) {
 					rule_begin(out, &rule, k);
-					if (BSON_ITER_HOLDS_BOOL(&kw)) {
-						spec_as(&rule, &kw);
-						BSON_APPEND_UTF8(&rule, "reason",
-								 "found additional items");
-						bson_append_iter(&rule, "additionalItems", -1, val);
-					} else {
-						BSON_APPEND_UTF8(&rule, "reason",
-								 "At least one additional item did "
-								 "not match the sub-schema");
-						BSON_APPEND_INT32(&rule, "itemIndex", i - 1);
-						sub_eval(&kw, &a, &rule, "details");
-					}
+					spec_as(&rule, &kw);
+					BSON_APPEND_UTF8(&rule, "reason", "found additional items");
+					bson_append_iter(&rule, "additionalItems", -1, val);
 					bson_append_document_end(out->arr, &rule);
+				} else if (out) {
+					item_rule(out, k,
+						  "At least one additional item did not match the "
+						  "sub-schema",
+						  i - 1, &kw, &a);
 				}
 				break;
 			}
