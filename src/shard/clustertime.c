@@ -30,15 +30,9 @@ bool shard_ct_in(wire_req *req, void *role_data)
 {
 	shard *sh = role_data;
 	ct_gossip g;
-	char err[256];
-	bson_iter_t it;
-	int code = ct_take_field(wire_req_cmd_find(req, "$clusterTime", &it) ? &it : NULL, &g, err,
-				 sizeof err);
 
-	if (code) {
-		wire_req_error(req, code, "%s", err);
+	if (!wire_req_take_cluster_time(req, &g))
 		return false;
-	}
 	if (!g.present)
 		return true;
 	/* with a cluster key only cluster members run commands here (auth_cluster_gate):

@@ -206,6 +206,20 @@ bool wire_req_cmd_find(const wire_req *req, const char *name, bson_iter_t *it)
 	return false;
 }
 
+bool wire_req_take_cluster_time(wire_req *req, ct_gossip *g)
+{
+	char err[256];
+	bson_iter_t it;
+	int code = ct_take_field(wire_req_cmd_find(req, "$clusterTime", &it) ? &it : NULL, g, err,
+				 sizeof err);
+
+	if (code) {
+		wire_req_error(req, code, "%s", err);
+		return false;
+	}
+	return true;
+}
+
 const char *wire_req_name(const wire_req *req)
 {
 	return req->name ? req->name : "";

@@ -39,6 +39,8 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "common/clustertime.h"
+
 /* Limits advertised in hello and enforced on input (MongoDB's values). */
 #define WIRE_MAX_BSON_SIZE (16 * 1024 * 1024)      /* maxBsonObjectSize, bytes */
 #define WIRE_MAX_MESSAGE_SIZE (48000000)           /* maxMessageSizeBytes, bytes */
@@ -151,6 +153,12 @@ typedef bool (*wire_gate_fn)(wire_req *req, void *role_data);
  * detached one), on the completing thread (any thread), before it is queued: it may
  * append fields ($clusterTime, operationTime) to reply. */
 typedef bool (*wire_ct_in_fn)(wire_req *req, void *role_data);
+/* The first step of a role's in hook: ct_take_field of req's $clusterTime (found with
+ * wire_req_cmd_find) into *g (g->present false when req carries none). Loop thread.
+ * Returns: true with *g; false after having answered req with wire_req_error().
+ * Errors (answered on req, with ct_take's message): TypeMismatch 14 and NoSuchKey 4 (a
+ * malformed $clusterTime), ClusterTimeFailsRateLimiter 205 (too far ahead). */
+bool wire_req_take_cluster_time(wire_req *req, ct_gossip *g);
 typedef void (*wire_ct_out_fn)(wire_req *req, void *role_data, bson_t *reply);
 /* The client closed the connection of req, still in flight, whose close its handler asked
  * to hear of (wire_req_watch_close): wire_req_conn_gone(req) is true from before the call.
