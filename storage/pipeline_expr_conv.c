@@ -34,6 +34,17 @@ static const char *show_num(const docbuild_node *v, char *buf, size_t len)
 	return ext_show(v, buf, len);
 }
 
+/* A numeric conversion of v refused: ConversionFailure with reason, the $convert suffix and
+ * v as show_num prints it ("Conversion would overflow target type in $convert with no
+ * onError value: 1e+300"). Returns: efail's code. */
+static int num_refused(const docbuild_node *v, const char *reason, const ectx *e)
+{
+	char show[128];
+
+	return efail(e, C_CONVERSION_FAILURE, "%s" NOERR ": %s", reason,
+		     show_num(v, show, sizeof show));
+}
+
 /* NumberParser (base 10, no whitespace) of an integer: Errors: -1 with the reason. */
 static int parse_int64(const char *s, size_t len, int64_t *out, const char **why)
 {
@@ -146,26 +157,19 @@ static const char *tname(int t)
 /* A double or decimal to an integer in [lo, hi]: NaN, infinity and overflow refused. */
 static int float_to_int(const docbuild_node *v, int64_t lo, int64_t hi, int64_t *out, const ectx *e)
 {
-	char show[128];
-
 	if (v->type == BSON_TYPE_DOUBLE) {
 		double d = v->value.value.v_double;
 
 		if (isnan(d)) {
-			return efail(e, C_CONVERSION_FAILURE,
-				     "Attempt to convert NaN value to integer type" NOERR ": %s",
-				     show_num(v, show, sizeof show));
+			return num_refused(v, "Attempt to convert NaN value to integer type", e);
 		}
 		if (isinf(d)) {
-			return efail(e, C_CONVERSION_FAILURE,
-				     "Attempt to convert infinity value to integer type" NOERR ": %s",
-				     show_num(v, show, sizeof show));
+			return num_refused(v, "Attempt to convert infinity value to integer type",
+					   e);
 		}
 		d = trunc(d);
 		if (!(d >= (double)lo && d < (double)hi + 1.0)) {
-			return efail(e, C_CONVERSION_FAILURE,
-				     "Conversion would overflow target type" NOERR ": %s",
-				     show_num(v, show, sizeof show));
+			return num_refused(v, "Conversion would overflow target type", e);
 		}
 		*out = (int64_t)d;
 		return 0;
@@ -174,19 +178,14 @@ static int float_to_int(const docbuild_node *v, int64_t lo, int64_t hi, int64_t 
 		bson_decimal128_t d = v->value.value.v_decimal128;
 
 		if (sdb_dec_is_nan(d)) {
-			return efail(e, C_CONVERSION_FAILURE,
-				     "Attempt to convert NaN value to integer type" NOERR ": %s",
-				     show_num(v, show, sizeof show));
+			return num_refused(v, "Attempt to convert NaN value to integer type", e);
 		}
 		if (sdb_dec_is_inf(d)) {
-			return efail(e, C_CONVERSION_FAILURE,
-				     "Attempt to convert infinity value to integer type" NOERR ": %s",
-				     show_num(v, show, sizeof show));
+			return num_refused(v, "Attempt to convert infinity value to integer type",
+					   e);
 		}
 		if (!sdb_dec_to_int64_trunc(d, out) || *out < lo || *out > hi) {
-			return efail(e, C_CONVERSION_FAILURE,
-				     "Conversion would overflow target type" NOERR ": %s",
-				     show_num(v, show, sizeof show));
+			return num_refused(v, "Conversion would overflow target type", e);
 		}
 		return 0;
 	}
@@ -210,7 +209,6 @@ static int to_integer(const docbuild_node *v, int t, docbuild_node **out, const 
 	int64_t lo = t == 16 ? INT32_MIN : INT64_MIN, hi = t == 16 ? INT32_MAX : INT64_MAX;
 	int64_t r;
 	const char *why;
-	char show[128];
 	int rc;
 
 	switch (v->type) {
@@ -226,8 +224,7 @@ static int to_integer(const docbuild_node *v, int t, docbuild_node **out, const 
 	case BSON_TYPE_INT64:
 		r = v->value.value.v_int64;
 		if (r < lo || r > hi) {
-			return efail(e, C_CONVERSION_FAILURE, "Conversion would overflow target type" NOERR ": %s",
-				     ext_show(v, show, sizeof show));
+			return num_refused(v, "Conversion would overflow target type", e);
 		}
 		break;
 	case BSON_TYPE_BOOL:
@@ -257,7 +254,7 @@ static int to_integer(const docbuild_node *v, int t, docbuild_node **out, const 
 /* performConversion of a non-null input to target type t. */
 static int convert(const docbuild_node *v, int t, docbuild_node **out, const ectx *e)
 {
-	char buf[64], show[128];
+	char buf[64];
 	const char *why;
 
 	switch (t) {
@@ -277,9 +274,7 @@ static int convert(const docbuild_node *v, int t, docbuild_node **out, const ect
 			double d = sdb_dec_to_double(v->value.value.v_decimal128);
 
 			if (isinf(d) && !sdb_dec_is_inf(v->value.value.v_decimal128)) {
-				return efail(e, C_CONVERSION_FAILURE,
-					     "Conversion would overflow target type" NOERR ": %s",
-					     show_num(v, show, sizeof show));
+				return num_refused(v, "Conversion would overflow target type", e);
 			}
 			*out = v_double(d);
 			return 0;
