@@ -1092,6 +1092,23 @@ static int run_facet(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx 
 	return rc;
 }
 
+/* A blocking stage ($sort, $group, $bucketAuto) reads and processes its whole input once:
+ * the first pull of stage i's output runs run (run_sort, run_group, run_bucket_auto) on it,
+ * later pulls find it loaded.
+ * Returns: 0, or run's error (the stage is marked loaded all the same: a later pull does
+ * not run it again). */
+static int load_once(sdb_pipeline_cursor *c, size_t i,
+		     int (*run)(sdb_pipeline_cursor *c, size_t i, const ectx *e), const ectx *e)
+{
+	stage_state *s = &c->ss[i];
+
+	if (s->loaded) {
+		return 0;
+	}
+	s->loaded = true;
+	return run(c, i, e);
+}
+
 /* Pull the output of stage i-1 (the input of stage i); i == 0 reads the store. */
 static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 {
@@ -1110,12 +1127,9 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 
 		switch (st->kind) {
 		case S_SORT:
-			if (!s->loaded) {
-				s->loaded = true;
-				rc = run_sort(c, i - 1, e);
-				if (rc != 0) {
-					return rc;
-				}
+			rc = load_once(c, i - 1, run_sort, e);
+			if (rc != 0) {
+				return rc;
 			}
 			if (s->pos < s->n) {
 				sdb_key_free(&s->items[s->pos].key);
@@ -1123,12 +1137,9 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 			}
 			return 0;
 		case S_GROUP:
-			if (!s->loaded) {
-				s->loaded = true;
-				rc = run_group(c, i - 1, e);
-				if (rc != 0) {
-					return rc;
-				}
+			rc = load_once(c, i - 1, run_group, e);
+			if (rc != 0) {
+				return rc;
 			}
 			if (s->pos < s->n_groups) {
 				*doc = group_emit(st, s, e);
@@ -1138,12 +1149,9 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 			}
 			return 0;
 		case S_BUCKET_AUTO:
-			if (!s->loaded) {
-				s->loaded = true;
-				rc = run_bucket_auto(c, i - 1, e);
-				if (rc != 0) {
-					return rc;
-				}
+			rc = load_once(c, i - 1, run_bucket_auto, e);
+			if (rc != 0) {
+				return rc;
 			}
 			return bucket_auto_emit(st, s, c->p->max_mem, doc, e);
 		case S_SAMPLE:
