@@ -457,6 +457,21 @@ static void item_rule(rules *r, const char *op, const char *reason, int32_t inde
 	bson_append_document_end(r->arr, &rule);
 }
 
+/* minItems, maxItems, minProperties, maxProperties (k, with its limit kw): whether the
+ * number of elements of val (an array or a document), left in *n, is at least the limit
+ * (min...) or at most it (max...). */
+static bool count_within(const char *k, const bson_iter_t *kw, const bson_iter_t *val, double *n)
+{
+	bson_iter_t a;
+	double lim = vd_num_of(kw);
+
+	*n = 0;
+	if (bson_iter_recurse(val, &a))
+		while (bson_iter_next(&a))
+			(*n)++;
+	return k[1] == 'i' ? *n >= lim : *n <= lim;
+}
+
 /* A sub-schema's title and description (sch: its element), appended to an entry that
  * reports it (mongod's appendSchemaAnnotations). */
 static void annotations(const bson_iter_t *sch, bson_t *entry)
@@ -583,11 +598,8 @@ bool vd_js_eval(const bson_t *schema, const bson_iter_t *val, bool top, rules *o
 		} else if (strcmp(k, "minItems") == 0 || strcmp(k, "maxItems") == 0) {
 			if (!is_arr)
 				continue;
-			double n = 0, lim = vd_num_of(&kw);
-			if (bson_iter_recurse(val, &a))
-				while (bson_iter_next(&a))
-					n++;
-			ok = k[1] == 'i' ? n >= lim : n <= lim;
+			double n;
+			ok = count_within(k, &kw, val, &n);
 			if (!ok)
 				leaf_rule(out, &kw, "array did not match specified length", val,
 					  false);
@@ -606,11 +618,8 @@ bool vd_js_eval(const bson_t *schema, const bson_iter_t *val, bool top, rules *o
 		} else if (strcmp(k, "minProperties") == 0 || strcmp(k, "maxProperties") == 0) {
 			if (!is_obj)
 				continue;
-			double n = 0, lim = vd_num_of(&kw);
-			if (bson_iter_recurse(val, &a))
-				while (bson_iter_next(&a))
-					n++;
-			ok = k[1] == 'i' ? n >= lim : n <= lim;
+			double n;
+			ok = count_within(k, &kw, val, &n);
 			if (!ok && out) {
 				rule_begin(out, &rule, k);
 				spec_as(&rule, &kw);
