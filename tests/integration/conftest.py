@@ -208,6 +208,31 @@ def free_port():
     raise RuntimeError(f"no free port in [{_PORT_LO}, {_PORT_HI})")
 
 
+def listens_on(pid, port):
+    """Does process pid hold the listening TCP socket of loopback port `port`? (Its
+    /proc/PID/fd links against the socket inodes /proc/net/tcp and tcp6 list in state LISTEN
+    on that port.) True when /proc cannot tell (not Linux, no permission)."""
+    inodes = set()
+    try:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{cols[9]}]")
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return True
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def alive(pid):
     """Is pid a live process of $STRIPEDB_BIN (not a reused pid of something else)?"""
     try:
@@ -442,7 +467,9 @@ class Proc:
             if self.p.poll() is not None:
                 return True
             st, _ = http_get(self.http_port, "/healthz", timeout=1.0)
-            return st == 200
+            # and from this process: another one on the port (a port race with another run)
+            # answered 200 while this one, which could not bind it, was still exiting
+            return st == 200 and listens_on(self.p.pid, self.http_port)
         wait_until(ok, timeout, what=f"/healthz of {' '.join(self.args)}")
         if self.p.poll() is not None:
             raise RuntimeError(f"stripedb {' '.join(self.args)} exited with "
