@@ -39,6 +39,11 @@ struct sdb_node {
 	raft_io_recv_cb orig_recv;
 	int (*orig_send)(struct raft_io *io, struct raft_io_send *req,
 			 const struct raft_message *message, raft_io_send_cb cb);
+	/* libraft's own io close, wrapped so that its callback runs once (close_wrap) */
+	void (*orig_close)(struct raft_io *io, raft_io_close_cb cb);
+	raft_io_close_cb raft_io_closed; /* libraft's callback given to close_wrap */
+	bool io_closed;			 /* it ran (io_closed_once) */
+	uv_timer_t reap;		 /* frees libraft's io a loop iteration later (reap_cb) */
 	uint64_t ready_term;   /* term whose barrier has been applied here as leader */
 	uint64_t barrier_term; /* term whose barrier was proposed */
 	/* last observed, to report changes */
@@ -386,6 +391,7 @@ static const char *node_announce(void *arg)
 }
 
 static void raft_closed(struct raft *r);
+static void close_wrap(struct raft_io *io, raft_io_close_cb cb);
 
 static int mkdir_p(const char *path)
 {
@@ -470,6 +476,8 @@ int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, c
 	n->io.start = start_wrap;
 	n->orig_send = n->io.send;
 	n->io.send = send_wrap;
+	n->orig_close = n->io.close;
+	n->io.close = close_wrap;
 	if ((rv = raft_init(&n->raft, &n->io, n->sm.fsm, n->id, n->raft_addr)) != 0) {
 		rc = sdb_errf(err, errlen, SDB_EIO, "raft init: %s", raft_errmsg(&n->raft));
 		goto err_io;
@@ -587,12 +595,57 @@ static void node_finish(sdb_node *n)
 		cb(arg);
 }
 
+/* libraft 0.15's io close callback may come twice. Its uvMaybeFireCloseCb calls it once
+ * nothing it counts is open, but it does not count the writer of a segment being
+ * finalized: when the finalize (on the thread pool) ends before the writer's handles are
+ * closed (a loaded machine, a close begun in a close callback), it is called there, and
+ * again from the writer's close callback, later in the same loop iteration. Pass
+ * libraft's callback (which frees its log and calls raft_closed) on only once; the io
+ * stays allocated until reap_cb, so the second call reads live memory. */
+static void io_closed_once(struct raft_io *io)
+{
+	sdb_node *n = node_of_io(io);
+	if (n->io_closed)
+		return;
+	n->io_closed = true;
+	n->raft_io_closed(io);
+}
+
+static void close_wrap(struct raft_io *io, raft_io_close_cb cb)
+{
+	sdb_node *n = node_of_io(io);
+	n->raft_io_closed = cb;
+	n->orig_close(io, io_closed_once);
+}
+
+static void reap_closed(uv_handle_t *h)
+{
+	node_finish(h->data);
+}
+
+/* The loop iteration after raft_closed's: libraft has nothing pending any more, so free
+ * its io. libraft closes a finalized segment's writer handles when it queues the
+ * finalize; their callbacks run in the first closing phase after that, and the first
+ * io close call needs the finalize's completion, which the loop polls no earlier than
+ * the first poll phase after it. So the writer callbacks run at the latest in the
+ * closing phase of the iteration of raft_closed (called from a close or work callback,
+ * never from a timer), before this 0 ms timer's. */
+static void reap_cb(uv_timer_t *t)
+{
+	sdb_node *n = t->data;
+	raft_uv_close(&n->io);
+	transport_free(n);
+	uv_close((uv_handle_t *)t, reap_closed);
+}
+
 static void raft_closed(struct raft *r)
 {
 	sdb_node *n = r->data;
-	raft_uv_close(&n->io);
-	transport_free(n);
-	node_finish(n);
+	/* not raft_uv_close here: libraft may still call the io's close callback
+	 * (io_closed_once) in this loop iteration */
+	uv_timer_init(n->loop, &n->reap);
+	n->reap.data = n;
+	uv_timer_start(&n->reap, reap_cb, 0, 0);
 }
 
 static void prepare_closed(uv_handle_t *h)

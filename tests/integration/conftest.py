@@ -8,6 +8,7 @@ a test fails.
 Set STRIPEDB_TEST_KEEP_LOGS=1 to keep the tmp dirs for debugging.
 """
 import contextlib
+import fcntl
 import os
 import re
 import signal
@@ -129,12 +130,60 @@ if _PORT_HI - _PORT_LO >= 100:
     os.environ["STRIPEDB_DEV_PORT_RANGE"] = f"{_PORT_LO}-{_PORT_HI}"
 
 
+# Machine-wide reservations of the ports free_port hands out: an exclusive flock(2) on a file
+# named after the port in this directory, held from free_port until the end of the test
+# that asked (pytest_runtest_logfinish), by which time its servers have bound their ports
+# or exited. The bind check in free_port sees only ports already bound, not one handed out
+# by another pytest whose server has not bound it yet; two runs side by side (two sessions'
+# `-n 2` runs: both have a worker gw0 with the same slice, both starting at its first port)
+# handed out the same ports and one of the two servers exited with "address already in
+# use". The kernel releases a lock when its process ends, so a killed run leaves none held.
+_PORT_LOCK_DIR = os.environ.get("STRIPEDB_TEST_PORT_LOCK_DIR", "/tmp/stripedb-test-ports")
+_port_locks = {}  # port -> fd holding its flock, in the order taken
+# past this many (a script that imports this file: no test ends) the oldest go
+_PORT_LOCKS_MAX = 512
+
+
+def _reserve_port(port):
+    """Take the machine-wide reservation of port (see _PORT_LOCK_DIR). Returns False when
+    another process holds it."""
+    if port in _port_locks:
+        return True
+    try:
+        os.makedirs(_PORT_LOCK_DIR, mode=0o1777, exist_ok=True)
+        fd = os.open(os.path.join(_PORT_LOCK_DIR, str(port)),
+                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError:
+        return True  # no lock directory: the bind check alone, as before
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _port_locks[port] = fd
+    while len(_port_locks) > _PORT_LOCKS_MAX:
+        os.close(_port_locks.pop(next(iter(_port_locks))))
+    return True
+
+
+def release_ports():
+    """Give up the reservations of every port free_port handed out so far (closing the fd
+    drops its flock). Called at the end of each test."""
+    while _port_locks:
+        os.close(_port_locks.popitem()[1])
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    release_ports()
+
+
 def free_port():
-    """Return a loopback TCP port that is free now and not handed out recently by this process
-    (see _port_range for which ports each process uses). Ports are handed out in turn through
-    the process's range, so none twice in a turn; after the whole range the turn starts again
-    (the tests that had the first ones have ended long ago), still skipping any port that
-    cannot be bound now."""
+    """Return a loopback TCP port that is free now, not handed out recently by this process
+    (see _port_range for which ports each process uses) and not reserved by another process
+    (_reserve_port: it stays reserved for this one until the test ends). Ports are handed
+    out in turn through the process's range, so none twice in a turn; after the whole range
+    the turn starts again (the tests that had the first ones have ended long ago), still
+    skipping any port that cannot be bound now."""
     global _port_next
     size = _PORT_HI - _PORT_LO
     if size == 0:  # no range below the ephemeral one (_port_range): the kernel's choice
@@ -146,6 +195,8 @@ def free_port():
     for _ in range(size):
         port = _PORT_LO + _port_next
         _port_next = (_port_next + 1) % size
+        if not _reserve_port(port):
+            continue
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             s.bind(("127.0.0.1", port))
@@ -155,6 +206,31 @@ def free_port():
             s.close()
         return port
     raise RuntimeError(f"no free port in [{_PORT_LO}, {_PORT_HI})")
+
+
+def listens_on(pid, port):
+    """Does process pid hold the listening TCP socket of loopback port `port`? (Its
+    /proc/PID/fd links against the socket inodes /proc/net/tcp and tcp6 list in state LISTEN
+    on that port.) True when /proc cannot tell (not Linux, no permission)."""
+    inodes = set()
+    try:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{cols[9]}]")
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return True
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def alive(pid):
@@ -386,11 +462,18 @@ class Proc:
     def wait_healthy(self, timeout=30.0):
         assert self.http_port is not None
         def ok():
+            # an exit ends the wait (wait_until would take an exception raised here for
+            # "not yet" and poll on for the whole timeout)
             if self.p.poll() is not None:
-                raise RuntimeError(f"stripedb exited with {self.p.returncode}: {self.tail()}")
+                return True
             st, _ = http_get(self.http_port, "/healthz", timeout=1.0)
-            return st == 200
+            # and from this process: another one on the port (a port race with another run)
+            # answered 200 while this one, which could not bind it, was still exiting
+            return st == 200 and listens_on(self.p.pid, self.http_port)
         wait_until(ok, timeout, what=f"/healthz of {' '.join(self.args)}")
+        if self.p.poll() is not None:
+            raise RuntimeError(f"stripedb {' '.join(self.args)} exited with "
+                               f"{self.p.returncode}: {self.tail()}")
         return self
 
     def tail(self, n=4000):

@@ -422,13 +422,106 @@ static void test_foreign_peers(void **state)
 	stop(e);
 }
 
+/* ---- close while the last segment is finalized (libraft 0.15 fires io close twice) ----
+ *
+ * raft_close closes the current open segment: libraft queues its finalize (truncate and
+ * rename on the thread pool) and closes the segment's writer handles, but its "everything
+ * closed" check (uvMaybeFireCloseCb) does not count that writer. When the finalize ends
+ * before the writer's handles are closed, libraft calls the io close callback, and calls
+ * it again from the writer's close callback. A member that freed libraft's io in the
+ * first call (raft_uv_close) had the second call read freed memory: a shard or metadata
+ * member crashed in libraft at a graceful stop (SEGV in ioCloseCb, seen under load in
+ * test_proxy.py's teardown). This test orders the loop so that it happens every time:
+ * the close starts in a close callback (as a role's stop does, after its wire server's
+ * handles closed), so the writer's handles close in the next loop iteration's closing
+ * phase; before that iteration polls, the loop waits for a work item queued behind the
+ * finalize on a one-thread pool (UV_THREADPOOL_SIZE=1, set in main), so the finalize's
+ * completion is polled first; the closing phase then runs the tick timer's and the
+ * listener's close callbacks (closed last, run first) before the writer's. */
+
+typedef struct close_race {
+	env *e;
+	uv_idle_t trigger;
+	uv_prepare_t hold;
+	uv_work_t behind;
+	uv_sem_t ran;
+	int held;
+} close_race;
+
+static void behind_work(uv_work_t *w)
+{
+	close_race *cr = w->data;
+	uv_sem_post(&cr->ran);
+}
+
+static void behind_after(uv_work_t *w, int status)
+{
+	(void)w;
+	(void)status;
+}
+
+static void hold_closed(uv_handle_t *h)
+{
+	(void)h;
+}
+
+/* Prepare phase of the iteration after the close began (just before it polls): queue a
+ * work item behind the finalize and wait until the one pool thread runs it, so the
+ * finalize has ended and posted its completion to the loop. */
+static void hold_cb(uv_prepare_t *p)
+{
+	close_race *cr = p->data;
+	uv_prepare_stop(p);
+	uv_close((uv_handle_t *)p, hold_closed);
+	cr->behind.data = cr;
+	assert_int_equal(uv_queue_work(&cr->e->loop, &cr->behind, behind_work, behind_after), 0);
+	uv_sem_wait(&cr->ran);
+	cr->held = 1;
+}
+
+/* A closing phase: begin the node's close here, as a role's stop does. */
+static void trigger_closed(uv_handle_t *h)
+{
+	close_race *cr = h->data;
+	cr->e->closed = 0;
+	sdb_node_close(cr->e->node, on_closed, cr->e);
+	uv_prepare_init(&cr->e->loop, &cr->hold);
+	cr->hold.data = cr;
+	uv_prepare_start(&cr->hold, hold_cb);
+}
+
+static void test_close_while_segment_finalizes(void **state)
+{
+	env *e = *state;
+	close_race cr = {.e = e};
+	start(e);
+	assert_true(run_until(e, is_ready));
+	/* entries in the open segment, which the close then finalizes */
+	assert_true(propose(e, "addShard", "{\"id\": \"a\", \"uri\": \"mongodb://a\"}") == 1.0);
+	assert_true(propose(e, "addShard", "{\"id\": \"b\", \"uri\": \"mongodb://b\"}") == 1.0);
+	assert_int_equal(uv_sem_init(&cr.ran, 0), 0);
+	uv_idle_init(&e->loop, &cr.trigger);
+	cr.trigger.data = &cr;
+	uv_close((uv_handle_t *)&cr.trigger, trigger_closed);
+	assert_true(run_until(e, is_closed));
+	uv_run(&e->loop, UV_RUN_DEFAULT); /* the writer's close callbacks, and the free */
+	assert_true(cr.held);
+	uv_sem_destroy(&cr.ran);
+	e->node = NULL;
+}
+
 int main(void)
 {
+	/* one pool thread: test_close_while_segment_finalizes orders work behind libraft's
+	 * (libuv reads this when its pool first starts) */
+	setenv("UV_THREADPOOL_SIZE", "1", 1);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_ready_propose_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_append_aborts, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unavailable_aborts, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_foreign_peers, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_close_while_segment_finalizes, setup,
+						teardown),
 	};
 	return cmocka_run_group_tests_name("raft_node", tests, NULL, NULL);
 }
