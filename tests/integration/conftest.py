@@ -36,6 +36,10 @@ with open(os.path.join(SRCDIR, "raft", "migstate.h")) as _f:
 # What src/wire/server.c logs for each request still running when a graceful stop's drain
 # times out; start_role fails the test whose processes log it.
 UNANSWERED = "wire: unanswered request at shutdown"
+# What AddressSanitizer, LeakSanitizer and UBSan write when they report (the suite runs an
+# --enable-sanitizers build: tests/all.sh); start_role's teardown fails a test whose
+# processes logged one, even if the test itself saw nothing wrong.
+SANITIZER_REPORT = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|: runtime error: ")
 
 # Roles quiesce for --shutdown-quiesce-ms (default 2000) on SIGTERM while clients stay
 # connected; test teardowns stop hundreds of processes with clients still open, so every
@@ -572,6 +576,7 @@ def start_role(tmp_path, request):
     yield _start
     failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
     unanswered = []
+    crashed = []
     for p in procs:
         if failed:
             print(f"\n--- log of {' '.join(p.args)} ---\n{p.tail()}")
@@ -581,11 +586,19 @@ def start_role(tmp_path, request):
         # (a proxy's write to a cut-off primary, inside wire_req_wait_begin) is logged as
         # "request waiting at shutdown" instead and does not fail the test.
         p.stop(timeout=16)
-        unanswered += [line for line in p.tail(1 << 20).splitlines()
-                       if UNANSWERED in line]
+        log = p.tail(1 << 20)
+        unanswered += [line for line in log.splitlines() if UNANSWERED in line]
+        m = SANITIZER_REPORT.search(log)
+        if m:
+            # a crash, an undefined behaviour or a leak of a process the test started, at
+            # any point of its life (a restarted process appends to the same log): the
+            # test's own checks may all have passed without seeing it
+            crashed.append(f"--- {' '.join(p.args)} ---\n{log[max(0, m.start() - 2000):][:8000]}")
     if unanswered and not failed:
         # a handler that never replied held the graceful stop until it timed out
         pytest.fail("requests left unanswered at shutdown:\n" + "\n".join(unanswered))
+    if crashed and not failed:
+        pytest.fail("a sanitizer reported on a process this test started:\n" + "\n".join(crashed))
 
 
 def pytest_configure(config):
