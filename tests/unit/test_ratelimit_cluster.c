@@ -311,6 +311,12 @@ static void node_start(node *n, const char *const *peers, size_t n_peers)
 	o.batch_wait_us = 2000;
 	o.global_sync_wait_us = 20000;
 	o.dead_ms = 60000;
+	/* peer calls: a deadline past the tests' own waits. At the default 500 ms, a loaded
+	 * machine (load average ~12, ASan) timed a GLOBAL hits send out; the sender then marks
+	 * the owner dead and sends the hits again (cluster_global.c: counted twice rather than
+	 * lost), and test_two_nodes' wait for both nodes at remaining 5 could never end. The
+	 * deadline's own behaviour is test_ratelimit_grpc.py's (a hung peer). */
+	o.batch_timeout_ms = 10000;
 	o.clock = test_clock;
 	n->lim = mklimiter();
 	assert_int_equal(rl_cluster_new(n->lim, &o, &n->cl, err, sizeof(err)), 0);
