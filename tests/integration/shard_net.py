@@ -28,7 +28,7 @@ import subprocess
 import pymongo
 from pymongo.errors import ConnectionFailure, OperationFailure
 
-from conftest import BIN, Proc, wait_until
+from conftest import BIN, SANITIZER_REPORT, Proc, wait_until
 from netns import BridgeNet, skip_reason  # noqa: F401 - skip_reason: re-exported for the tests
 
 WIRE, RAFT, HTTP = 27017, 27018, 9102
@@ -168,7 +168,7 @@ class ShardNet(BridgeNet):
                 p.signal(signal.SIGCONT)  # a member left paused would never see SIGTERM
                 code = p.stop(timeout=20)
                 log = p.tail(1 << 20)
-                if "Sanitizer" in log or "runtime error:" in log:
+                if SANITIZER_REPORT.search(log):
                     problems.append(f"{p.log_path}: sanitizer report:\n{log[-4000:]}")
                 elif code != 0:
                     problems.append(f"{p.log_path}: exit code {code} on SIGTERM:\n{log[-2000:]}")
